@@ -1,0 +1,56 @@
+"""Per-step attention metadata (built once, read by every layer)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class SparseView(Protocol):
+    """What a draft step of one request attends to in each layer: the positions `positions(layer, q)`
+    (sorted, all < `base`, shape [G, k] with G = 1 for one set per layer or G = kv_heads for one set per
+    KV head) plus every position >= `base` (written since the last verification)."""
+    base: int
+
+    def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor: ...
+
+    def record_recall(self, layer: int, value: float) -> None: ...
+
+    @property
+    def wants_recall(self) -> bool: ...
+
+
+@dataclass
+class SeqAttention:
+    q_start: int                   # first row of this request in the flat token batch
+    q_len: int                     # query rows (1 = decode/draft, gamma + 1 = verify, many = prefill)
+    key_slots: torch.Tensor        # [ctx_len] pool slots of every key the last query may see, by position
+    sparse: SparseView | None = None
+    collect_rows: list[int] | None = None  # rows whose pre-softmax logits over keys [0, collect_upto) to keep
+    collect_upto: int = 0
+
+    @property
+    def ctx_len(self) -> int:
+        return int(self.key_slots.shape[0])
+
+
+@dataclass
+class LogitCollector:
+    """Collected verification logits, per request index and layer: `logits[i][layer]` is
+    [rows, heads, collect_upto] (scaled QK products, i.e. the softmax inputs) and `lse[i][layer]` is
+    [rows, heads], the log-sum-exp over each row's whole visible context (so
+    exp(logit - lse) is the true full-attention weight)."""
+    logits: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    lse: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+
+    def put(self, seq_index: int, layer: int, logits: torch.Tensor, lse: torch.Tensor) -> None:
+        self.logits.setdefault(seq_index, {})[layer] = logits
+        self.lse.setdefault(seq_index, {})[layer] = lse
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor     # [T] pool slot each new token's K/V is written to
+    seqs: list[SeqAttention]
+    collector: LogitCollector | None = None

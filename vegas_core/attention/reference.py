@@ -1,0 +1,107 @@
+"""PyTorch reference attention over the paged pool: dense with causal masking for any number of query
+rows, logit collection for chosen rows (Collect-2-Query and friends), and gathered sparse attention
+for draft steps. Written for clarity and exactness, one request at a time; the Triton kernels are
+tested against the same maths."""
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVPool
+from .metadata import AttentionMetadata, SeqAttention
+
+
+def dense_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [rows, H, d], k [ctx, KVH, d] -> scaled scores [rows, H, ctx] in float32 (grouped-query:
+    query head h reads KV head h // (H // KVH))."""
+    rows, heads, dim = q.shape
+    kvh = k.shape[1]
+    qg = q.float().view(rows, kvh, heads // kvh, dim)
+    s = torch.einsum("rkgd,ckd->rkgc", qg, k.float()) * scale
+    return s.reshape(rows, heads, -1)
+
+
+def causal_mask(rows: int, ctx: int, device) -> torch.Tensor:
+    """True where query row r (at position ctx - rows + r) may not see key c."""
+    r = torch.arange(rows, device=device)[:, None]
+    c = torch.arange(ctx, device=device)[None, :]
+    return c > (ctx - rows + r)
+
+
+def weighted_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """p [rows, H, ctx] float32, v [ctx, KVH, d] -> [rows, H, d] float32."""
+    rows, heads, ctx = p.shape
+    kvh = v.shape[1]
+    out = torch.einsum("rkgc,ckd->rkgd", p.view(rows, kvh, heads // kvh, ctx), v.float())
+    return out.reshape(rows, heads, -1)
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, H, d], k/v [T, KVH, d] (new tokens, already rotated) -> [T, H, d]."""
+        pool.write(layer, meta.slot_mapping, k, v)
+        kf, vf = pool.flat(layer)
+        out = torch.empty_like(q)
+        for i, seq in enumerate(meta.seqs):
+            qs = q[seq.q_start: seq.q_start + seq.q_len]
+            if seq.sparse is not None:
+                o = self._sparse(layer, qs, kf, vf, seq)
+            else:
+                o = self._dense(layer, i, qs, kf, vf, seq, meta)
+            out[seq.q_start: seq.q_start + seq.q_len] = o.to(q.dtype)
+        return out
+
+    def _dense(self, layer, i, q, kf, vf, seq: SeqAttention, meta: AttentionMetadata):
+        keys, values = kf[seq.key_slots], vf[seq.key_slots]
+        s = dense_scores(q, keys, self.scale)
+        s = s.masked_fill(causal_mask(q.shape[0], keys.shape[0], q.device)[:, None, :], float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        if seq.collect_rows is not None and meta.collector is not None:
+            rows = torch.as_tensor(seq.collect_rows, device=q.device)
+            meta.collector.put(i, layer, s[rows, :, : seq.collect_upto].clone(), lse[rows].clone())
+        return weighted_values(torch.exp(s - lse[..., None]), values)
+
+    def _sparse(self, layer, q, kf, vf, seq: SeqAttention):
+        """One draft query row: attend the selected prefix positions plus every position >= base."""
+        view = seq.sparse
+        ctx = seq.ctx_len
+        selected = view.positions(layer, q[-1])                      # [G, k]
+        groups = selected.shape[0]
+        tail = torch.arange(view.base, ctx, device=q.device).expand(groups, -1)
+        pos = torch.cat([selected.to(q.device), tail], dim=1)        # [G, m]
+        slots = seq.key_slots[pos]                                   # [G, m]
+        kvh = kf.shape[1]
+        if groups == 1:
+            keys, values = kf[slots[0]], vf[slots[0]]                # [m, KVH, d]
+            s = dense_scores(q, keys, self.scale)
+            p = torch.softmax(s, dim=-1)
+            out = weighted_values(p, values)
+        else:
+            heads = torch.arange(kvh, device=q.device)[:, None]
+            keys, values = kf[slots, heads], vf[slots, heads]        # [KVH, m, d]
+            rows, nh, d = q.shape
+            qg = q.float().view(rows, kvh, nh // kvh, d)
+            s = torch.einsum("rkgd,kmd->rkgm", qg, keys.float()) * self.scale
+            p = torch.softmax(s, dim=-1)
+            out = torch.einsum("rkgm,kmd->rkgd", p, values.float()).reshape(rows, nh, d)
+        if view.wants_recall:
+            view.record_recall(layer, self._recall(q, kf, seq, pos))
+        return out
+
+    def _recall(self, q, kf, seq: SeqAttention, pos: torch.Tensor) -> float:
+        """Fraction of the full-attention mass of the draft query that the attended set covers
+        (mean over query heads). Costs one full attention: trace-on-request only."""
+        keys = kf[seq.key_slots]
+        p = torch.softmax(dense_scores(q, keys, self.scale), dim=-1)[-1]   # [H, ctx]
+        heads, kvh = p.shape[0], kf.shape[1]
+        covered = torch.zeros_like(p, dtype=torch.bool)
+        group = heads // kvh
+        for g in range(pos.shape[0]):
+            hs = slice(None) if pos.shape[0] == 1 else slice(g * group, (g + 1) * group)
+            covered[hs, pos[g]] = True
+        return float((p * covered).sum(-1).mean())

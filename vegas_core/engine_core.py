@@ -1,0 +1,287 @@
+"""The engine core: token ids in, token ids out, one `step()` at a time.
+
+A step is a prefill chunk step or one decode iteration over every running request:
+  draft   `gamma` single-token steps, each layer attending the request's selected entries plus every
+          entry written since the last verification (vanilla requests skip this);
+  verify  one full-attention pass over the pending token and the drafts, collecting the logits of the
+          rows the drafting policy asks for;
+  accept  rejection sampling (argmax matching at temperature 0), then the cache is cut back to the
+          verified prefix: rejected drafts' entries are dropped;
+  select  the next draft phase's sets, from the collected logits (vegas, vegas-all, specextend) or the
+          cache (stream, quest).
+A request's first decode iteration has no selection yet, so it is a plain full-attention step that
+collects; speculation starts from the second. The core knows nothing about text.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import LogitCollector
+from .block_manager import BlockAllocator
+from .config import ModelConfig
+from .errors import InvalidRequestError
+from .kv_cache import KVPool
+from .model_runner import BatchEntry, ModelRunner
+from .rejection import RejectionResult, rejection_sample
+from .request import Request, Status
+from .sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
+from .scheduler import Scheduler
+from .spec import SpecParams
+from .spec.policy import build_selection, collect_rows
+from .trace.positions import encode_positions
+
+
+@dataclass
+class StepOutput:
+    request: Request
+    new_token_ids: list[int]
+    finished: bool
+    rejected_ids: list[int] = field(default_factory=list)  # drafts rejected this iteration
+    iteration: dict | None = None                           # trace record (when tracing)
+
+
+@dataclass
+class EngineOptions:
+    block_size: int = 16
+    num_blocks: int | None = None          # None: sized from kv_cache_bytes
+    kv_cache_bytes: int = 1 << 30
+    max_num_seqs: int = 64
+    max_prefill_tokens: int = 1024
+    trace: bool = False                    # record per-iteration trace dicts on each request
+
+
+class EngineCore:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32, options: EngineOptions | None = None,
+                 spec: SpecParams | None = None):
+        self.config = config
+        self.device = torch.device(device)
+        self.options = opts = options or EngineOptions()
+        self.spec = spec or SpecParams(method="vanilla")
+        num_blocks = opts.num_blocks or max(
+            1, opts.kv_cache_bytes // KVPool.bytes_per_block(config, opts.block_size, dtype))
+        self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts.block_size)
+        self.allocator = BlockAllocator(num_blocks, opts.block_size)
+        self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens)
+        self.requests: dict[int, Request] = {}
+        self.step_index = 0
+        self._t0 = time.perf_counter()
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, prompt_ids: list[int], sampling: SamplingParams | None = None,
+                    spec: SpecParams | None = None) -> Request:
+        sampling = sampling or SamplingParams()
+        spec = spec or self.spec
+        self._validate(prompt_ids, sampling, spec)
+        req = Request(list(prompt_ids), sampling, spec)
+        req.generator = make_generator(sampling.seed, self.device)
+        self.requests[req.request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def _validate(self, prompt_ids, sampling: SamplingParams, spec: SpecParams) -> None:
+        if not prompt_ids:
+            raise InvalidRequestError("the prompt is empty")
+        vocab = self.config.vocab_size
+        bad = [t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise InvalidRequestError(
+                f"token id {bad[0]!r} is outside the vocabulary [0, {vocab}) ({len(bad)} such ids)")
+        ctx = self.config.max_position_embeddings
+        if len(prompt_ids) + sampling.max_tokens > ctx:
+            raise InvalidRequestError(
+                f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} is "
+                f"{len(prompt_ids) + sampling.max_tokens}, beyond the context length {ctx}")
+        slots = self.allocator.num_blocks * self.allocator.block_size
+        need = len(prompt_ids) + sampling.max_tokens + spec.gamma + 1
+        if need > slots:
+            raise InvalidRequestError(
+                f"request needs up to {need} KV slots but the whole KV pool holds {slots}")
+
+    def abort(self, request_id: int) -> None:
+        req = self.requests.get(request_id)
+        if req is not None and not req.finished:
+            self._finish(req, "abort")
+
+    def finish(self, req: Request, reason: str) -> None:
+        """Used by the front end when it sees a stop string."""
+        if not req.finished:
+            self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.status = Status.FINISHED
+        req.finish_reason = reason
+        self.scheduler.remove(req)
+        self.requests.pop(req.request_id, None)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- one step ------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        plan = self.scheduler.schedule()
+        self.step_index += 1
+        if plan.prefill:
+            t = time.perf_counter()
+            entries = [BatchEntry(c.request.request_id, c.request.token_ids[c.start:c.end], c.start)
+                       for c in plan.prefill]
+            self.runner.forward(entries, self.allocator)
+            self._sync()
+            dt = time.perf_counter() - t
+            for c in plan.prefill:
+                c.request.num_cached = c.end
+                c.request.prefill_time_s += dt
+            return []
+        if plan.decode:
+            return self._decode(plan.decode)
+        return []
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _now(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    def _decode(self, reqs: list[Request]) -> list[StepOutput]:
+        t_start = self._now()
+        drafts, qprobs = self._draft(reqs)
+        t_draft = self._now()
+        entries, logits, collector = self._verify(reqs, drafts)
+        t_verify = self._now()
+        outputs, select_s = [], 0.0
+        row = 0
+        for i, (req, entry) in enumerate(zip(reqs, entries)):
+            n = len(entry.tokens)
+            res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id), logits[row:row + n])
+            row += n
+            base = req.num_cached
+            req.num_cached = base + 1 + res.num_accepted
+            old_selection = req.selection
+            if req.spec.speculative:
+                t = self._now()
+                req.selection = self._select(req, i, entry, base, res.num_accepted, collector)
+                select_s += self._now() - t
+            outputs.append(self._emit(req, res, base, old_selection, drafts.get(req.request_id, [])))
+        t_end = self._now()
+        timings = dict(draft_ms=(t_draft - t_start) * 1e3, verify_ms=(t_verify - t_draft) * 1e3,
+                       select_ms=select_s * 1e3, start_s=t_start - self._t0)
+        for out in outputs:
+            out.request.decode_time_s += t_end - t_start
+            if out.iteration is not None:
+                out.iteration.update(timings)
+            if not out.finished:
+                self.allocator.truncate(out.request.request_id, out.request.num_cached)
+        return outputs
+
+    def _draft(self, reqs):
+        drafting = [r for r in reqs if r.spec.speculative and r.selection is not None]
+        drafts = {r.request_id: [] for r in drafting}
+        qprobs = {r.request_id: [] for r in drafting}
+        for j in range(max((r.spec.gamma for r in drafting), default=0)):
+            active = [r for r in drafting if r.spec.gamma > j]
+            entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
+                                  r.num_cached + j, sparse=r.selection, logits="last") for r in active]
+            logits = self.runner.forward(entries, self.allocator)
+            probs = logits_to_probs(logits, [r.sampling for r in active])
+            tokens = sample_from_probs(probs, [r.generator for r in active]).tolist()
+            for r, tok, pr in zip(active, tokens, probs):
+                drafts[r.request_id].append(int(tok))
+                qprobs[r.request_id].append(pr)
+        return drafts, qprobs
+
+    def _verify(self, reqs, drafts):
+        collector = LogitCollector()
+        entries = []
+        for r in reqs:
+            d = drafts.get(r.request_id, [])
+            rows = collect_rows(r.spec.method, 1 + len(d)) if r.spec.speculative else None
+            entries.append(BatchEntry(r.request_id, [r.token_ids[-1]] + d, r.num_cached,
+                                      collect_rows=rows, logits="all"))
+        logits = self.runner.forward(entries, self.allocator, collector)
+        return entries, logits, collector
+
+    def _accept(self, req: Request, drafts: list[int], qprobs, logits: torch.Tensor):
+        p = logits_to_probs(logits, [req.sampling] * logits.shape[0])
+        if drafts:
+            res = rejection_sample(drafts, torch.stack(qprobs), p, req.generator, req.sampling.is_greedy)
+        else:
+            tok = int(sample_from_probs(p[:1], [req.generator])[0])
+            res = RejectionResult(num_accepted=0, tokens=[tok], bonus=False, draft_probs=[], target_probs=[])
+        if req.sampling.is_greedy and drafts and self.options.trace:
+            # Greedy probabilities are one-hot; the trace shows the model's softmax confidence instead.
+            soft = torch.softmax(logits, dim=-1)
+            res.target_probs = [float(soft[i, t]) for i, t in enumerate(drafts)]
+        return res
+
+    def _select(self, req: Request, i: int, entry: BatchEntry, base: int, num_accepted: int,
+                collector: LogitCollector):
+        cfg = self.config
+        collected = (collector.logits[i], collector.lse[i]) if entry.collect_rows is not None else None
+        return build_selection(
+            req.spec, base, cfg.num_layers, cfg.num_kv_heads, collected, entry.collect_rows, num_accepted,
+            lambda layer, s, e: self.runner.keys(layer, self.allocator, req.request_id, s, e), req.policy_cache)
+
+    def _emit(self, req: Request, res: RejectionResult, base: int, selection, drafts: list[int]) -> StepOutput:
+        kept = []
+        for tok in res.tokens:
+            req.token_ids.append(tok)
+            kept.append(tok)
+            reason = self._stop_reason(req, tok)
+            if reason:
+                self._finish(req, reason)
+                break
+        out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:])
+        if self.options.trace:
+            out.iteration = self._record(req, res, base, selection, drafts)
+            req.iterations.append(out.iteration)
+        return out
+
+    def _stop_reason(self, req: Request, tok: int) -> str | None:
+        if not req.sampling.ignore_eos and tok in self.config.eos_token_ids:
+            return "stop"
+        if len(req.output_ids) >= req.sampling.max_tokens:
+            return "length"
+        return None
+
+    def _record(self, req: Request, res: RejectionResult, base: int, selection, drafts: list[int]) -> dict:
+        d = [dict(token_id=t, draft_prob=_prob(res.draft_probs[j]), target_prob=_prob(res.target_probs[j]),
+                  accepted=j < res.num_accepted) for j, t in enumerate(drafts)]
+        kind = "decode" if not drafts else ("bonus" if res.bonus else "correction")
+        rec = dict(index=len(req.iterations), step=self.step_index, position=base, drafts=d,
+                   num_accepted=res.num_accepted, emitted=list(res.tokens), final_token=res.tokens[-1],
+                   final_kind=kind, selection=None, recall=None)
+        if selection is not None and drafts:
+            rec["selection"] = _selection_record(req.spec.granularity, selection)
+            rec["recall"] = selection.recall_per_layer(self.config.num_layers)
+        return rec
+
+    # -- convenience ---------------------------------------------------------------------------
+    def run(self, progress=None) -> None:
+        """Step until every request has finished."""
+        while self.has_work:
+            self.step()
+            if progress is not None:
+                progress()
+
+
+def _prob(x: float) -> float:
+    return min(1.0, max(0.0, float(x)))
+
+
+def _selection_record(granularity: str, selection) -> dict:
+    sets = selection.first_step_sets()
+    # Stream keeps one set per layer whatever the granularity asked for: record what was attended.
+    if all(s.shape[0] == 1 for s in sets):
+        granularity = "layer"
+    rec = dict(granularity=granularity, base=selection.base, budget=selection.budget)
+    if granularity == "layer":
+        rec["layers"] = [encode_positions(s[0].cpu().numpy()) for s in sets]
+    else:
+        rec["heads"] = [[encode_positions(h.cpu().numpy()) for h in s] for s in sets]
+    return rec

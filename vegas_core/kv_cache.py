@@ -1,0 +1,42 @@
+"""The paged KV pool: per layer, K and V tensors of shape [num_blocks, block_size, kv_heads, head_dim].
+
+The layout is vLLM's flash layout, which the Triton kernels read too. Token slot `s` of the flat
+view [num_blocks * block_size, kv_heads, head_dim] is page `s // block_size`, offset `s % block_size`.
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class KVPool:
+    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
+                 dtype: torch.dtype, device: torch.device | str):
+        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+
+    def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """[slots, kv_heads, head_dim] views of one layer's K and V."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        kf, vf = self.flat(layer)
+        kf.index_copy_(0, slots, k.to(kf.dtype))
+        vf.index_copy_(0, slots, v.to(vf.dtype))
+
+    @staticmethod
+    def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * itemsize
+
+
+def slots_for(block_table: list[int] | torch.Tensor, start: int, end: int, block_size: int,
+              device: torch.device | str = "cpu") -> torch.Tensor:
+    """Flat slot indices of token positions [start, end) of one sequence."""
+    table = torch.as_tensor(block_table, dtype=torch.long, device=device)
+    pos = torch.arange(start, end, dtype=torch.long, device=device)
+    return table[pos // block_size] * block_size + pos % block_size

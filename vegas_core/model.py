@@ -1,0 +1,117 @@
+"""Our own eager forward pass for the Llama family (Llama, Mistral, Qwen2 with qkv bias, Qwen3 with
+per-head q/k RMSNorm). Plain PyTorch modules named as in Hugging Face checkpoints, so a loaded state
+dict fits with `load_state_dict(strict=True)`. Attention goes through a backend (see `attention/`).
+
+Contract: `CausalLM.forward(input_ids [T], positions [T], pool, meta, logit_rows [R] | None,
+seq_lens [T] | None)` writes the new tokens' K/V into the pool and returns logits [R, vocab] float32
+for the requested rows (all rows when None).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata
+from .config import ModelConfig
+from .kv_cache import KVPool
+from .rope import RotaryEmbedding, apply_rotary
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in float32 as Hugging Face does, then cast back before the weight multiply.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.layer, self.cfg = layer, cfg
+        h, kv, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
+        t = x.shape[0]
+        c = self.cfg
+        q = self.q_proj(x).view(t, c.num_heads, c.head_dim)
+        k = self.k_proj(x).view(t, c.num_kv_heads, c.head_dim)
+        v = self.v_proj(x).view(t, c.num_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        o = backend.forward(self.layer, q, k, v, pool, meta)
+        return self.o_proj(o.reshape(t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.self_attn = Attention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x, cos, sin, backend, pool, meta):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, pool, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rope = RotaryEmbedding(cfg)
+        self.backend = None  # set by the model runner
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        weights = dict(weights)
+        if self.config.tie_word_embeddings or "lm_head.weight" not in weights:
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        self.load_state_dict(weights, strict=True)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool,
+                meta: AttentionMetadata, logit_rows: torch.Tensor | None = None,
+                seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(positions, seq_lens)
+        x = self.model.embed_tokens(input_ids)
+        for layer in self.model.layers:
+            x = layer(x, cos, sin, self.backend, pool, meta)
+        if logit_rows is not None:
+            x = x[logit_rows]
+        return self.lm_head(self.model.norm(x)).float()

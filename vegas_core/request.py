@@ -1,0 +1,70 @@
+"""A generation request as the engine core sees it: token ids in, token ids out. The core knows
+nothing about text; the front end (`engine.Engine`) tokenizes, detokenizes and checks stop strings."""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .sampling import SamplingParams
+from .spec import SpecParams
+
+_ids = itertools.count()
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    spec: SpecParams
+    request_id: int = field(default_factory=lambda: next(_ids))
+    arrival: int = 0
+    status: Status = Status.WAITING
+    token_ids: list[int] = field(default_factory=list)   # prompt + generated
+    num_cached: int = 0        # leading tokens whose K/V are valid in the pool
+    finish_reason: str | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+    # Speculation state: the selected sets for the next draft phase (None until the first verification).
+    selection: Any = None
+    policy_cache: dict = field(default_factory=dict)  # e.g. quest page bounds, reset on preemption
+    # Trace records (dicts in the trace schema's Iteration shape) when tracing is on.
+    iterations: list[dict] = field(default_factory=list)
+    prefill_time_s: float = 0.0
+    decode_time_s: float = 0.0
+    num_preemptions: int = 0
+
+    def __post_init__(self):
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt:]
+
+    @property
+    def prefill_target(self) -> int:
+        """Tokens to have in the cache before decoding: all but the last (the pending token, which the
+        next decode or verification step feeds)."""
+        return len(self.token_ids) - 1
+
+    @property
+    def needs_prefill(self) -> bool:
+        return self.num_cached < self.prefill_target
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED
