@@ -1,0 +1,115 @@
+"""Speculative rejection sampling: exact fixed-probability cases, greedy matching, seeding, and a
+statistical check (after vLLM's test_rejection_sampling_approximates_target_distribution) that the
+emitted tokens follow the target distribution, not the draft's."""
+import pytest
+import torch
+
+from vegas_core.rejection import RejectionResult, rejection_sample
+from vegas_core.sampling import make_generator
+
+
+def one_hot(*tokens, vocab=5):
+    return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
+
+
+def test_all_accepted_gives_bonus_from_last_row():
+    q = torch.full((2, 5), 0.2)                     # p(d)/q(d) = 5 >= 1: certain accept
+    p = one_hot(1, 3, 4)
+    r = rejection_sample([1, 3], q, p, make_generator(0, "cpu"), greedy=False)
+    assert r == RejectionResult(num_accepted=2, tokens=[1, 3, 4], bonus=True,
+                                draft_probs=pytest.approx([0.2, 0.2]), target_probs=[1.0, 1.0])
+
+
+def test_reject_at_position_1_resamples_from_residual():
+    q = torch.tensor([[0.2] * 5, [0.0, 0.5, 0.5, 0.0, 0.0]])
+    p = torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0],    # accepts draft 1
+                      [0.0, 0.5, 0.0, 0.5, 0.0],    # p(2) = 0: certain reject; max(0, p - q) is one-hot at 3
+                      [1.0, 0.0, 0.0, 0.0, 0.0]])
+    for seed in range(5):
+        r = rejection_sample(torch.tensor([1, 2]), q, p, make_generator(seed, "cpu"), greedy=False)
+        assert (r.num_accepted, r.tokens, r.bonus) == (1, [1, 3], False)
+        assert r.draft_probs == pytest.approx([0.2, 0.5]) and r.target_probs == [1.0, 0.0]
+
+
+def test_reject_at_position_0_and_zero_residual_falls_back_to_target():
+    # p == q, both one-hot at 3, but the draft is 2: p(2) = q(2) = 0 rejects and the residual is all zero.
+    q = one_hot(3, 0)
+    p = one_hot(3, 0, 0)
+    r = rejection_sample([2, 0], q, p, None, greedy=False)
+    assert (r.num_accepted, r.tokens, r.bonus) == (0, [3], False)
+
+
+def test_k_zero_is_a_plain_decode_token():
+    r = rejection_sample([], torch.empty(0, 5), one_hot(4), make_generator(0, "cpu"), greedy=False)
+    assert r == RejectionResult(num_accepted=0, tokens=[4], bonus=False, draft_probs=[], target_probs=[])
+    r = rejection_sample([], torch.empty(0, 5), torch.full((1, 5), 0.2), None, greedy=True)
+    assert r.tokens == [0] and not r.bonus
+
+
+def test_greedy_argmax_matching():
+    q = one_hot(1, 2, 3)                              # reported, not used for the decision
+    p = torch.tensor([[0.1, 0.6, 0.1, 0.1, 0.1],
+                      [0.1, 0.1, 0.5, 0.2, 0.1],
+                      [0.1, 0.1, 0.1, 0.1, 0.6],
+                      [0.0, 0.3, 0.3, 0.4, 0.0]])
+    r = rejection_sample([1, 2, 3], q, p, None, greedy=True)      # d2 = 3 but argmax p2 = 4
+    assert (r.num_accepted, r.tokens, r.bonus) == (2, [1, 2, 4], False)
+    assert r.draft_probs == [1.0, 1.0, 1.0] and r.target_probs == pytest.approx([0.6, 0.5, 0.1])
+    r = rejection_sample([1, 2, 4], one_hot(1, 2, 4), p, None, greedy=True)
+    assert (r.num_accepted, r.tokens, r.bonus) == (3, [1, 2, 4, 3], True)
+    r = rejection_sample([0, 2, 4], q, p, None, greedy=True)
+    assert (r.num_accepted, r.tokens, r.bonus) == (0, [1], False)
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError):
+        rejection_sample([1, 2], torch.full((2, 5), 0.2), torch.full((2, 5), 0.2), None, greedy=False)
+
+
+def test_seeded_runs_repeat_exactly():
+    g = torch.Generator().manual_seed(3)
+    q = torch.softmax(torch.randn(3, 6, generator=g), -1)
+    p = torch.softmax(torch.randn(4, 6, generator=g), -1)
+    drafts = torch.multinomial(q, 1, generator=g).view(-1).tolist()
+    def run(seed):
+        gen = make_generator(seed, "cpu")
+        return [rejection_sample(drafts, q, p, gen, greedy=False) for _ in range(30)]
+    assert run(5) == run(5) and run(5) != run(6)
+
+
+@pytest.fixture
+def one_thread():
+    """100k tiny calls: intra-op threads only add wake-up cost (large on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_emitted_tokens_follow_target_not_draft(one_thread):
+    vocab, k, n_max = 8, 2, 100_000
+    g = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(k + 1, vocab, generator=g), -1)   # a different p per position
+    draft = torch.softmax(3 * torch.randn(k, vocab, generator=g), -1)    # a poor, peaky q
+    drafts = torch.stack([torch.multinomial(draft[i], n_max, replacement=True, generator=g)
+                          for i in range(k)], dim=1).tolist()
+    gen = make_generator(1, "cpu")
+    outputs = [rejection_sample(d, draft, target, gen, greedy=False).tokens for d in drafts]
+
+    # Output position j exists when j drafts were accepted; whatever came before, it is distributed as p_j.
+    sizes = [100, 1_000, 10_000, n_max]
+    for j in range(k + 1):
+        reference = draft[min(j, k - 1)]
+        dist_target, dist_draft = [], []
+        for n in sizes:
+            tokens = torch.tensor([t[j] for t in outputs[:n] if len(t) > j])
+            empirical = torch.bincount(tokens, minlength=vocab).float() / len(tokens)
+            dist_target.append(torch.dist(empirical, target[j]).item())
+            dist_draft.append(torch.dist(empirical, reference).item())
+        assert all(a > b for a, b in zip(dist_target, dist_target[1:])), (j, dist_target)
+        assert dist_target[-1] < dist_draft[-1] / 30, (j, dist_target, dist_draft)
+        assert dist_target[-1] < dist_target[0] / 10, (j, dist_target)
+
+    # First-draft acceptance rate is sum_x min(p_0(x), q_0(x)) = 1 - TV(p_0, q_0).
+    accept_rate = sum(len(t) > 1 for t in outputs) / n_max
+    assert accept_rate == pytest.approx(torch.minimum(target[0], draft[0]).sum().item(), abs=0.01)

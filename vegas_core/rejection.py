@@ -1,0 +1,73 @@
+"""Speculative (rejection) sampling for one request: Leviathan et al. 2023, Chen et al. 2023.
+
+Contract: given k drafts d_0..d_{k-1} sampled from the draft distributions q_i (rows of draft_probs,
+shape [k, V]) and the target distributions p_0..p_k (rows of target_probs, shape [k+1, V], p_i predicts
+the token at draft position i, p_k the one after the last draft), return the accepted drafts followed by
+exactly one correction or bonus token. The emitted tokens are distributed exactly as sampling from p
+one token at a time (lossless). Greedy mode is argmax matching. With k = 0 the single token is a plain
+sample from p_0 and counts as a normal decode token (bonus=False). The generator (or torch's global RNG
+when None) must live on target_probs' device; a seeded generator makes runs repeat exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .sampling import sample_from_probs
+
+
+@dataclass
+class RejectionResult:
+    num_accepted: int          # drafts accepted, 0..k
+    tokens: list[int]          # accepted drafts followed by exactly one correction or bonus token
+    bonus: bool                # True when k > 0, all k drafts were accepted and the last token is the bonus
+    draft_probs: list[float]   # q_i(d_i) for each draft
+    target_probs: list[float]  # p_i(d_i) for each draft
+
+
+def rejection_sample(draft_tokens: list[int] | Tensor, draft_probs: Tensor, target_probs: Tensor,
+                     generator: torch.Generator | None, greedy: bool) -> RejectionResult:
+    device = target_probs.device
+    drafts = torch.as_tensor(draft_tokens, dtype=torch.long, device=device).reshape(-1)
+    k = drafts.numel()
+    if target_probs.dim() != 2 or target_probs.shape[0] != k + 1 or draft_probs.shape[0] != k \
+            or (k and draft_probs.shape[1] != target_probs.shape[1]):
+        raise ValueError(f"{k} drafts need draft_probs [{k}, V] and target_probs [{k + 1}, V], got "
+                         f"{tuple(draft_probs.shape)} and {tuple(target_probs.shape)}")
+    rows = torch.arange(k, device=device)
+    # q_i(d_i) and p_i(d_i): the probability of each draft under the draft and the target.
+    q = draft_probs[rows, drafts].float()
+    p = target_probs[rows, drafts].float()
+
+    if greedy:
+        # Temperature 0: draft i is accepted iff it is the target's argmax at position i.
+        accept = drafts == target_probs[:k].argmax(dim=-1)
+    else:
+        # Accept d_i with probability min(1, p/q): u < p/q with u ~ U[0, 1), written as u * q < p so
+        # that p >= q always accepts and q = 0 needs no division (accepted iff p > 0).
+        u = torch.rand(k, generator=generator, device=device)
+        accept = u * q < p
+    # Accepted drafts are the prefix before the first rejection (one host sync for everything).
+    q_list, p_list, acc_list = torch.stack((q, p, accept.float())).tolist() if k else ([], [], [])
+    n = next((i for i, a in enumerate(acc_list) if not a), k)
+    tokens = drafts[:n].tolist()
+
+    if greedy:
+        # Temperature 0: the correction (n < k) or the bonus (n == k) is the target's argmax at n.
+        last = int(target_probs[n].argmax())
+    elif n < k:
+        # First rejection at n: sample the correction from the residual norm(max(0, p_n - q_n)).
+        # Fallback to p_n: a rejection needs p_n(d_n) < q_n(d_n), and as both rows sum to 1 some other
+        # token then has p_n > q_n, so the residual is non-zero. It is all zero only when p_n == q_n up
+        # to rounding (the rejection came from rounding, or from a draft that q_n gives probability 0).
+        # The residual is then undefined, and a fresh sample from p_n is what plain decoding would emit.
+        residual = (target_probs[n].float() - draft_probs[n].float()).clamp_min(0)
+        dist = torch.where(residual.sum() > 0, residual, target_probs[n].float())
+        last = int(sample_from_probs((dist / dist.sum())[None], [generator])[0])
+    else:
+        # All k drafts accepted (or k = 0): the bonus token is a sample from p_k.
+        last = int(sample_from_probs(target_probs[k:].float(), [generator])[0])
+    return RejectionResult(num_accepted=n, tokens=tokens + [last], bonus=k > 0 and n == k,
+                           draft_probs=q_list, target_probs=p_list)
