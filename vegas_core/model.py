@@ -44,12 +44,21 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """One matmul for q, k and v: the separate weights become views of the fused one, so memory
+        is not doubled and the per-call overhead (which dominates small-batch decode) is paid once."""
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        self.qkv_weight = _fuse([p.weight for p in projs])
+        self.qkv_bias = _fuse([p.bias for p in projs]) if self.cfg.attention_bias else None
+
     def forward(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
         t = x.shape[0]
         c = self.cfg
-        q = self.q_proj(x).view(t, c.num_heads, c.head_dim)
-        k = self.k_proj(x).view(t, c.num_kv_heads, c.head_dim)
-        v = self.v_proj(x).view(t, c.num_kv_heads, c.head_dim)
+        hq, hkv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        q = qkv[:, :hq].view(t, c.num_heads, c.head_dim)
+        k = qkv[:, hq:hq + hkv].view(t, c.num_kv_heads, c.head_dim)
+        v = qkv[:, hq + hkv:].view(t, c.num_kv_heads, c.head_dim)
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -64,8 +73,22 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
+    def fuse(self) -> None:
+        self.gate_up_weight = _fuse([self.gate_proj.weight, self.up_proj.weight])
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
+    fused = torch.cat([p.data for p in params])
+    row = 0
+    for p in params:
+        n = p.shape[0]
+        p.data = fused[row:row + n]
+        row += n
+    return fused
 
 
 class DecoderLayer(nn.Module):
@@ -103,6 +126,13 @@ class CausalLM(nn.Module):
         if self.config.tie_word_embeddings or "lm_head.weight" not in weights:
             weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
         self.load_state_dict(weights, strict=True)
+        self.fuse()
+
+    def fuse(self) -> None:
+        """(Re)build the fused projection weights; call again after moving the model."""
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool,

@@ -33,6 +33,7 @@ class ModelRunner:
         model = CausalLM(config)
         model.load_weights(weights)
         self.model = model.to(device=device, dtype=dtype).eval()
+        self.model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
         self.model.rope.inv_freq = self.model.rope.inv_freq.float()
         self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
         self.pool = KVPool(config, num_blocks, block_size, dtype, device)

@@ -128,10 +128,12 @@ def sample_from_probs(probs: Tensor, generators: list[torch.Generator | None]) -
     RNG). One-hot rows (greedy) return their argmax whatever the draw."""
     if probs.dim() != 2 or probs.shape[0] != len(generators):
         raise ValueError(f"probs of shape {tuple(probs.shape)} do not match {len(generators)} generators")
+    max_p, argmax = probs.max(dim=-1)
+    if bool((max_p >= 1.0).all()):
+        return argmax  # all greedy: no draw needed
     if all(g is None for g in generators):
         out = torch.multinomial(probs, 1).view(-1)
     else:
         out = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
     # Greedy rows (one-hot from logits_to_probs) are exact without trusting the sampler.
-    max_p, argmax = probs.max(dim=-1)
     return torch.where(max_p >= 1.0, argmax, out)

@@ -5,6 +5,7 @@ tested against the same maths."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..kv_cache import KVPool
 from .metadata import AttentionMetadata, SeqAttention
@@ -58,6 +59,8 @@ class ReferenceBackend:
 
     def _dense(self, layer, i, q, kf, vf, seq: SeqAttention, meta: AttentionMetadata):
         keys, values = kf[seq.key_slots], vf[seq.key_slots]
+        if seq.collect_rows is None or meta.collector is None:
+            return self._sdpa(q, keys, values)
         s = dense_scores(q, keys, self.scale)
         s = s.masked_fill(causal_mask(q.shape[0], keys.shape[0], q.device)[:, None, :], float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
@@ -65,6 +68,15 @@ class ReferenceBackend:
             rows = torch.as_tensor(seq.collect_rows, device=q.device)
             meta.collector.put(i, layer, s[rows, :, : seq.collect_upto].clone(), lse[rows].clone())
         return weighted_values(torch.exp(s - lse[..., None]), values)
+
+    def _sdpa(self, q, keys, values):
+        """Dense attention without collection: torch's fused kernel (same maths, less overhead)."""
+        rows, ctx = q.shape[0], keys.shape[0]
+        mask = None if rows == 1 else ~causal_mask(rows, ctx, q.device)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                           values.transpose(0, 1)[None], attn_mask=mask,
+                                           scale=self.scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
 
     def _sparse(self, layer, q, kf, vf, seq: SeqAttention):
         """One draft query row: attend the selected prefix positions plus every position >= base."""
