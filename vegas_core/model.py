@@ -39,7 +39,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(cfg.hidden_size, h * d, bias=cfg.attention_bias)
         self.k_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(cfg.hidden_size, kv * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=False)
+        # Llama and Qwen3 put the attention bias on o_proj too; Qwen2 only on q/k/v.
+        self.o_proj = nn.Linear(h * d, cfg.hidden_size, bias=cfg.attention_bias and cfg.arch != "qwen2")
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)

@@ -1,0 +1,79 @@
+"""Shared test helpers: tiny random Hugging Face checkpoints our loader (and transformers) can load.
+
+`make_tiny_hf_model` (a fixture returning a function) writes a 2-layer Llama / Mistral / Qwen2 /
+Qwen3 model with a tiny byte-level BPE tokenizer into a directory and returns `(path, hf_model)`,
+the transformers model in float32 eval mode. Parameters are re-drawn at random (norm weights near
+1, biases non-zero) so a forward-pass comparison exercises every tensor. Keyword overrides go to
+the transformers config class, e.g. `rope_scaling={"rope_type": "linear", "factor": 2.0}`,
+`rope_theta=5e5`, `head_dim=32`, `attention_bias=True`, `tie_word_embeddings=True`.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+# ChatML, as SmolLM2 and Qwen write it
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258
+TINY_VOCAB_SIZE = 272  # model rows; the tokenizer uses 256 bytes + 3 specials + 3 merges = 262
+
+
+def write_tiny_tokenizer(path: str) -> None:
+    """A byte-level BPE tokenizer.json (+ tokenizer_config.json) that can spell any text in 262 ids."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from vegas_core.tokenizer import bytes_to_unicode
+
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he")]
+    for token in TINY_SPECIAL_TOKENS + ("Ġt", "he", "Ġthe"):
+        vocab[token] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in TINY_SPECIAL_TOKENS])
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "chat_template": CHATML_TEMPLATE}, f)
+
+
+def _config_class(arch: str):
+    import transformers
+    return {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[arch]
+
+
+def build_tiny_hf_model(path, arch: str, seed: int = 0, **overrides):
+    """Write a tiny random `arch` checkpoint + tokenizer to `path`; return (str(path), hf_model)."""
+    from transformers import AutoModelForCausalLM
+
+    settings = dict(vocab_size=TINY_VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                    rms_norm_eps=1e-6, bos_token_id=256, eos_token_id=258, tie_word_embeddings=False)
+    settings.update(overrides)
+    config = _config_class(arch)(**settings)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float32).eval()
+    with torch.no_grad():  # default init leaves norms at 1 and biases at 0: too easy to compare
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith(".bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.05)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(str(path))
+    write_tiny_tokenizer(str(path))
+    return str(path), model
+
+
+@pytest.fixture
+def make_tiny_hf_model():
+    """`make_tiny_hf_model(tmp_path, "qwen3", head_dim=32) -> (path, hf_model)`."""
+    return build_tiny_hf_model

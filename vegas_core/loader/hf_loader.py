@@ -1,0 +1,126 @@
+"""Load a local Hugging Face model directory: config.json, *.safetensors and tokenizer.json.
+
+Contract: `load_hf_dir(path) -> (ModelConfig, weights, Tokenizer)`; weights keep their HF names and
+are converted to float32. Reads both config spellings: transformers < 5 (`rope_theta`,
+`rope_scaling` with "type" or "rope_type") and transformers >= 5 (`rope_parameters`). Sliding-window
+attention (Mistral, Qwen `use_sliding_window`) is ignored: the engine attends over the full cache.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import replace
+
+import torch
+
+from ..config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ..errors import ModelLoadError, UnsupportedArchitectureError
+from ..tokenizer import Tokenizer
+
+# model_type -> (our arch, default max_position_embeddings when config.json omits it)
+# (the transformers config-class defaults)
+_HF_ARCHS = {"llama": ("llama", 2048), "mistral": ("mistral", 131072), "qwen2": ("qwen2", 32768),
+             "qwen3": ("qwen3", 32768)}
+
+
+def load_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """eos ids: config.json's, then generation_config.json's, then the tokenizer's eos token."""
+    cfg = _read_json(os.path.join(path, "config.json"))
+    gen = _read_json(os.path.join(path, "generation_config.json"), missing_ok=True) or {}
+    eos = _ids(cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
+    config = hf_config(cfg)  # before the tokenizer: an unsupported model_type is the first thing to say
+    tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=eos)
+    config = replace(config, eos_token_ids=tokenizer.eos_token_ids,
+                      bos_token_id=config.bos_token_id if config.bos_token_id is not None else tokenizer.bos_token_id)
+    weights = _load_safetensors(path)
+    # Old checkpoints carry the rope table as a buffer; tied models may still store lm_head.
+    weights = {k: v for k, v in weights.items() if not k.endswith("rotary_emb.inv_freq")}
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    return config, weights, tokenizer
+
+
+def hf_config(cfg: dict) -> ModelConfig:
+    model_type = cfg.get("model_type")
+    if model_type not in _HF_ARCHS:
+        raise UnsupportedArchitectureError(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if cfg.get("mlp_bias"):
+        raise UnsupportedArchitectureError(f"{model_type} with mlp_bias=true is not supported")
+    arch, default_context = _HF_ARCHS[model_type]
+    rope = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
+    if scaling:  # old spelling: {"type": "linear", ...}
+        scaling = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
+        if scaling.get("rope_type") in (None, "default"):
+            scaling = None
+    try:
+        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+        return ModelConfig(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            max_position_embeddings=cfg.get("max_position_embeddings", default_context),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            rope_scaling=scaling or None,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            # Qwen2 always has q/k/v biases; Llama/Qwen3 have q/k/v *and* o_proj biases when set
+            attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
+            qk_norm=arch == "qwen3",
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(_ids(cfg.get("eos_token_id"))),
+            name=str(cfg.get("_name_or_path", "")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
+
+
+def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):  # sharded: the index names the shards
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        files = [os.path.join(path, s) for s in shards]
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        found = ", ".join(sorted(os.listdir(path))) or "nothing"
+        raise ModelLoadError(f"{path} has no *.safetensors weights (found: {found}); "
+                             "PyTorch .bin checkpoints are not supported")
+    weights = {}
+    for f in files:
+        try:
+            weights.update({k: v.to(torch.float32) for k, v in load_file(f).items()})
+        except Exception as exc:  # safetensors raises its own error types and OSError
+            raise ModelLoadError(f"cannot read weights file {f}: {exc}") from None
+    return weights
+
+
+def _read_json(path: str, missing_ok: bool = False) -> dict | None:
+    if not os.path.isfile(path):
+        if missing_ok:
+            return None
+        raise ModelLoadError(f"{path} not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _ids(value) -> list[int]:
+    """eos_token_id is spelled as an int, a list of ints, or null."""
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
