@@ -118,11 +118,12 @@ class _Tracker:
 
 class Engine:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
-                 spec: SpecParams | None = None, options: EngineOptions | None = None):
+                 spec: SpecParams | None = None, options: EngineOptions | None = None, loaded=None):
+        """`loaded`: an already loaded model (`loader.load_model`), e.g. shared by tests."""
         t = time.perf_counter()
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
-        loaded = load_model(model)
+        loaded = loaded or load_model(model)
         self.config, self.tokenizer, self.source = loaded.config, loaded.tokenizer, loaded.source
         self.core = EngineCore(loaded.config, loaded.weights, self.device, self.dtype, options,
                                spec or SpecParams(method="vanilla"))

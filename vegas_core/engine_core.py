@@ -40,6 +40,8 @@ class StepOutput:
     new_token_ids: list[int]
     finished: bool
     rejected_ids: list[int] = field(default_factory=list)  # drafts rejected this iteration
+    num_drafted: int = 0
+    num_accepted: int = 0
     iteration: dict | None = None                           # trace record (when tracing)
 
 
@@ -100,6 +102,25 @@ class EngineCore:
         if need > slots:
             raise InvalidRequestError(
                 f"request needs up to {need} KV slots but the whole KV pool holds {slots}")
+
+    def fork(self, parent: Request, sampling: SamplingParams | None = None,
+             spec: SpecParams | None = None) -> Request:
+        """A new request with the parent's prompt whose KV cache starts as a copy of the parent's
+        prefilled prompt, so comparing methods on one long prompt pays for its prefill once."""
+        if parent.output_ids or parent.needs_prefill or parent.finished:
+            raise InvalidRequestError("fork needs a parent whose prompt is prefilled and that has not generated yet")
+        child = self.add_request(parent.prompt_ids, sampling, spec)
+        n = parent.num_cached
+        if not self.allocator.can_ensure(child.request_id, n):
+            return child  # no room to copy: the child prefills normally when pages free up
+        self.allocator.ensure(child.request_id, n)
+        src = self.runner.slots(self.allocator, parent.request_id, 0, n)
+        dst = self.runner.slots(self.allocator, child.request_id, 0, n)
+        for layer in range(self.config.num_layers):
+            for cache in self.runner.pool.flat(layer):
+                cache[dst] = cache[src]
+        child.num_cached = n
+        return child
 
     def abort(self, request_id: int) -> None:
         req = self.requests.get(request_id)
@@ -236,7 +257,8 @@ class EngineCore:
             if reason:
                 self._finish(req, reason)
                 break
-        out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:])
+        out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:],
+                         num_drafted=len(drafts), num_accepted=res.num_accepted)
         if self.options.trace:
             out.iteration = self._record(req, res, base, selection, drafts)
             req.iterations.append(out.iteration)

@@ -66,15 +66,15 @@ class ModelRunner:
                           self.pool, meta, torch.tensor(rows, dtype=torch.long, device=dev),
                           torch.cat(seq_lens).to(dev))
 
+    def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
+        """Pool slots of positions [start, end) of one sequence."""
+        table = torch.as_tensor(allocator.block_table(seq_id), dtype=torch.long)
+        p = torch.arange(start, end, dtype=torch.long)
+        return (table[p // self.block_size] * self.block_size + p % self.block_size).to(self.device)
+
     def keys(self, layer: int, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Cached (rotated) keys of positions [start, end) of one sequence: [n, KVH, d]."""
-        table = torch.as_tensor(allocator.block_table(seq_id), dtype=torch.long)
-        p = torch.arange(start, end, dtype=torch.long)
-        slots = (table[p // self.block_size] * self.block_size + p % self.block_size).to(self.device)
-        return self.pool.flat(layer)[0][slots]
+        return self.pool.flat(layer)[0][self.slots(allocator, seq_id, start, end)]
 
     def values(self, layer: int, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
-        table = torch.as_tensor(allocator.block_table(seq_id), dtype=torch.long)
-        p = torch.arange(start, end, dtype=torch.long)
-        slots = (table[p // self.block_size] * self.block_size + p % self.block_size).to(self.device)
-        return self.pool.flat(layer)[1][slots]
+        return self.pool.flat(layer)[1][self.slots(allocator, seq_id, start, end)]

@@ -69,10 +69,11 @@ class ReferenceBackend:
             meta.collector.put(i, layer, s[rows, :, : seq.collect_upto].clone(), lse[rows].clone())
         return weighted_values(torch.exp(s - lse[..., None]), values)
 
-    def _sdpa(self, q, keys, values):
-        """Dense attention without collection: torch's fused kernel (same maths, less overhead)."""
+    def _sdpa(self, q, keys, values, causal: bool = True):
+        """Attention without collection through torch's fused kernel (same maths, less overhead).
+        q [rows, H, d], keys/values [ctx, KVH, d]; causal: row r sees keys up to ctx - rows + r."""
         rows, ctx = q.shape[0], keys.shape[0]
-        mask = None if rows == 1 else ~causal_mask(rows, ctx, q.device)
+        mask = None if rows == 1 or not causal else ~causal_mask(rows, ctx, q.device)
         o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                            values.transpose(0, 1)[None], attn_mask=mask,
                                            scale=self.scale, enable_gqa=True)
@@ -89,18 +90,15 @@ class ReferenceBackend:
         slots = seq.key_slots[pos]                                   # [G, m]
         kvh = kf.shape[1]
         if groups == 1:
-            keys, values = kf[slots[0]], vf[slots[0]]                # [m, KVH, d]
-            s = dense_scores(q, keys, self.scale)
-            p = torch.softmax(s, dim=-1)
-            out = weighted_values(p, values)
+            out = self._sdpa(q, kf[slots[0]], vf[slots[0]], causal=False)
         else:
+            # One set per KV head: each KV head's query group attends its own gathered keys.
             heads = torch.arange(kvh, device=q.device)[:, None]
             keys, values = kf[slots, heads], vf[slots, heads]        # [KVH, m, d]
             rows, nh, d = q.shape
-            qg = q.float().view(rows, kvh, nh // kvh, d)
-            s = torch.einsum("rkgd,kmd->rkgm", qg, keys.float()) * self.scale
-            p = torch.softmax(s, dim=-1)
-            out = torch.einsum("rkgm,kmd->rkgd", p, values.float()).reshape(rows, nh, d)
+            qg = q.reshape(rows, kvh, nh // kvh, d).permute(1, 0, 2, 3).reshape(kvh, -1, d)
+            o = F.scaled_dot_product_attention(qg, keys, values, scale=self.scale)
+            out = o.view(kvh, rows, nh // kvh, d).permute(1, 0, 2, 3).reshape(rows, nh, d)
         if view.wants_recall:
             view.record_recall(layer, self._recall(q, kf, seq, pos))
         return out

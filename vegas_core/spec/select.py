@@ -49,11 +49,9 @@ def quest_scores(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor) -> tor
     """Upper bound of q . k over each page: sum_d max(q_d * kmax_d, q_d * kmin_d).
     q [H, d], kmin/kmax [P, KVH, d] -> [H, P]."""
     heads, kvh = q.shape[0], kmin.shape[1]
-    group = heads // kvh
-    qf = q.float()[None]                                              # [1, H, d]
-    kmax_h = kmax.repeat_interleave(group, dim=1)                     # [P, H, d]
-    kmin_h = kmin.repeat_interleave(group, dim=1)
-    return torch.maximum(qf * kmax_h, qf * kmin_h).sum(-1).T          # [H, P]
+    qf = q.float().view(1, kvh, heads // kvh, q.shape[-1])            # [1, KVH, G, d]
+    bound = torch.maximum(qf * kmax[:, :, None, :], qf * kmin[:, :, None, :]).sum(-1)  # [P, KVH, G]
+    return bound.reshape(kmin.shape[0], heads).T                      # [H, P]
 
 
 def quest_select(q: torch.Tensor, kmin: torch.Tensor, kmax: torch.Tensor, k: int, base: int,

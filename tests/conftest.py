@@ -1,0 +1,46 @@
+"""Shared fixtures: the embedded model is loaded once per test session."""
+import inspect
+import textwrap
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_model():
+    from vegas_core.loader import load_model
+    return load_model(None)
+
+
+@pytest.fixture(scope="session")
+def engine(default_model):
+    """A CPU fp32 engine on the embedded model (tests must leave it idle)."""
+    from vegas_core.engine import Engine
+    from vegas_core.engine_core import EngineOptions
+    return Engine(device="cpu", dtype="float32", loaded=default_model,
+                  options=EngineOptions(max_prefill_tokens=2048, max_num_seqs=128, trace=True,
+                                        kv_cache_bytes=3 << 30))
+
+
+@pytest.fixture(scope="session")
+def long_text_ids(default_model):
+    """About 2,100 tokens of real text that Python ships: the source of `textwrap`."""
+    return default_model.tokenizer.encode(inspect.getsource(textwrap))[:2100]
+
+
+SHORT_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about autumn leaves.",
+    "Explain in two sentences why the sky is blue.",
+    "List three uses of a paperclip.",
+    "Translate 'good morning' into Spanish and German.",
+]
+
+
+@pytest.fixture(scope="session")
+def six_prompts(default_model, long_text_ids):
+    """Five short chat prompts and one long input (>= 2,000 tokens of real text), as token ids."""
+    tok = default_model.tokenizer
+    chats = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
+             for p in SHORT_PROMPTS]
+    return chats + [long_text_ids]
+
