@@ -1,0 +1,79 @@
+"""Start `python app.py` as a subprocess on a free localhost port (default model, CPU) and wait until
+the engine is ready; shared by the browser and load tests."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AppServer:
+    def __init__(self, *args: str, log_path: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = log_path
+        env = dict(os.environ, GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+        self._log = open(log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "app.py", "--device", "cpu", "--port", str(self.port), *args],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def client(self):
+        from gradio_client import Client
+        return Client(self.url, verbose=False)
+
+    def wait_ready(self, timeout: float = 300.0):
+        """Until the page is served and the engine reports ready; returns a gradio_client Client."""
+        deadline = time.monotonic() + timeout
+        client = None
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                client = client or self.client()
+                if client.predict(api_name="/pool")["state"] == "ready":
+                    return client
+            except Exception:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError(f"app not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def app_server(tmp_path_factory, request):
+    args = getattr(request.module, "APP_ARGS", ())
+    server = AppServer(*args, log_path=tmp_path_factory.mktemp("app") / "app.log")
+    try:
+        server.ready_client = server.wait_ready()
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,297 @@
+"""The app in headless Chromium (Debian's /usr/bin/chromium driven by Playwright; no browser download),
+against `python app.py` started here with the default model on the CPU.
+
+Screenshots go to screenshots/tmp/ (git-ignored). The Generate tab's shot is copied to
+docs/screenshot.png when that file is missing or UPDATE_SCREENSHOT=1.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.app.conftest import CHROMIUM, CHROMIUM_ARGS, ROOT
+
+SHOTS = ROOT / "screenshots" / "tmp"
+PROMPT = "Write a haiku about the sea."
+STREAM_TIMEOUT_MS = 240_000
+
+if not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} is absent: install Debian's chromium (apt-get install -y chromium)",
+                allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, app_server):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000}, accept_downloads=True)
+    pg = ctx.new_page()
+    pg.set_default_timeout(60_000)
+    pg.goto(app_server.url)
+    pg.wait_for_selector("#engine-status:has-text('Ready')", timeout=300_000)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    yield pg
+    ctx.close()
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def shot(page, name: str) -> str:
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return str(path)
+
+
+def open_tab(page, name: str):
+    page.get_by_role("tab", name=name).click()
+    page.wait_for_timeout(300)
+
+
+def set_number(page, elem_id: str, value):
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def choose(page, elem_id: str, value: str):
+    page.locator(f"#{elem_id} input").first.click()
+    page.locator(f"ul[role=listbox] li:has-text('{value}')").first.click()
+    page.wait_for_timeout(200)
+
+
+def status_text(page) -> str:
+    return page.inner_text("#counters .vs-status")
+
+
+def wait_done(page, timeout=STREAM_TIMEOUT_MS):
+    page.wait_for_function(
+        "() => { const s = document.querySelector('#counters .vs-status');"
+        " return s && /^(done|stopped|⚠)/.test(s.textContent.trim()); }", timeout=timeout)
+
+
+def plot_data(page, elem_id: str):
+    """The Plotly traces a gr.Plot drew (read from the plot's DOM node)."""
+    page.wait_for_selector(f"#{elem_id} .js-plotly-plot", timeout=30_000)
+    return page.evaluate(
+        f"""() => {{ const el = document.querySelector('#{elem_id} .js-plotly-plot');
+        return el.data.map(t => ({{name: t.name || null, x: t.x ? Array.from(t.x) : null,
+            y: t.y ? Array.from(t.y) : null, z: t.z ? t.z.map(r => Array.from(r)) : null}})); }}""")
+
+
+def pool(app_server) -> dict:
+    return app_server.ready_client.predict(api_name="/pool")
+
+
+# -- tests (run in file order against one page) ----------------------------------------------------
+def test_generate_streams_tokens_with_their_colours(page, app_server):
+    page.fill("#prompt textarea", PROMPT)
+    choose(page, "method", "vegas")
+    set_number(page, "max-tokens", 20)
+    set_number(page, "gamma", 4)
+    page.click("#generate-btn")
+    page.wait_for_selector("#token-stream .vs-tok", timeout=STREAM_TIMEOUT_MS)
+    first_count = page.locator("#token-stream .vs-tok:not(.vs-rejected)").count()
+    streaming_status = status_text(page)
+    wait_done(page)
+    final_count = page.locator("#token-stream .vs-tok:not(.vs-rejected)").count()
+    assert status_text(page).startswith("done"), status_text(page)
+    # Tokens streamed: the first view came while generating, with fewer tokens than the final one.
+    assert streaming_status.startswith("generating") or first_count < final_count, (streaming_status, first_count)
+    assert final_count == 20
+    kinds = page.eval_on_selector_all("#token-stream .vs-tok", "els => els.map(e => e.dataset.kind)")
+    assert kinds[0] == "decode"                                  # the first iteration cannot draft
+    assert {"accepted"} <= set(kinds) and ({"correction", "bonus"} & set(kinds))
+    colours = page.eval_on_selector_all(
+        "#token-stream .vs-tok", "els => els.map(e => [e.dataset.kind, getComputedStyle(e).backgroundColor])")
+    expected = {"accepted": "rgb(178, 242, 187)", "correction": "rgb(255, 216, 168)", "bonus": "rgb(165, 216, 255)",
+                "decode": "rgb(233, 236, 239)", "rejected": "rgb(255, 201, 201)"}
+    for kind, colour in colours:
+        assert colour == expected[kind], (kind, colour)
+    counters = page.eval_on_selector_all("[data-counter]", "els => Object.fromEntries(els.map(e => [e.dataset.counter, e.textContent]))")
+    assert counters["tokens"] == "20" and float(counters["tokens_per_s"]) > 0
+    assert float(counters["mean_acceptance_length"]) >= 1.0 and int(counters["iterations"]) >= 2
+    # Rejected drafts are in the page but hidden until asked for.
+    rejected = page.locator("#token-stream .vs-rejected")
+    if rejected.count():
+        assert not rejected.first.is_visible()
+        page.locator("#show-rejected input").check()
+        assert rejected.first.is_visible()
+        assert "line-through" in rejected.first.evaluate("e => getComputedStyle(e).textDecorationLine")
+        page.locator("#show-rejected input").uncheck()
+    path = shot(page, "generate")
+    docs = ROOT / "docs" / "screenshot.png"
+    if not docs.exists() or os.environ.get("UPDATE_SCREENSHOT") == "1":
+        docs.parent.mkdir(exist_ok=True)
+        shutil.copyfile(path, docs)
+
+
+def test_kv_heatmap_and_acceptance_plots_render_with_data(page):
+    open_tab(page, "KV selection")
+    overview = plot_data(page, "kv-overview")
+    assert overview and overview[0]["z"] is not None
+    z = overview[0]["z"]
+    assert len(z) == 30                                          # SmolLM2's 30 layers
+    assert any(0 < v < 1 or v == 1 for row in z for v in row)     # something was selected
+    zoom = plot_data(page, "kv-zoom")
+    assert {v for row in zoom[0]["z"] for v in row} >= {1, 2}      # selected and recent entries
+    # Hover text is the token: the zoom's customdata holds the context's token texts.
+    texts = page.evaluate("() => document.querySelector('#kv-zoom .js-plotly-plot').data[0].customdata[0]")
+    assert any(t.strip() for t in texts)
+    assert page.locator("#kv-prompt .vs-ps[data-layers]").count() > 10
+    shot(page, "kv-selection")
+    open_tab(page, "Acceptance")
+    pos = plot_data(page, "acc-position")
+    assert len(pos[0]["y"]) == 4 and all(0 <= v <= 1 for v in pos[0]["y"])
+    hist = plot_data(page, "acc-hist")
+    assert abs(sum(hist[0]["y"]) - 1.0) < 1e-6
+    run = plot_data(page, "acc-running")
+    assert run[0]["y"][-1] >= 1.0
+    shot(page, "acceptance")
+    open_tab(page, "Overhead")
+    page.wait_for_selector("#overhead-note:has-text('kernel')")
+    assert plot_data(page, "breakdown-plot")[0]["name"] == "draft"
+    shot(page, "overhead")
+
+
+def test_step_through_a_finished_run(page):
+    open_tab(page, "Generate")
+    page.click("#step-btn")
+    page.wait_for_selector("#stages .vs-stages[data-iteration='0']")
+    page.click("#step-btn")
+    page.wait_for_selector("#stages .vs-stages[data-iteration='1']")
+    stages = page.eval_on_selector_all("#stages [data-stage]", "els => els.map(e => e.dataset.stage)")
+    assert stages == ["draft", "verify", "accept", "select"]
+    shown = page.locator("#token-stream .vs-tok:not(.vs-rejected)").count()
+    assert 1 < shown < 20                                        # only the first two iterations
+    assert page.inner_text("#pause-btn").strip() == "Resume"
+    page.click("#pause-btn")                                     # resume: the whole run again
+    page.wait_for_function("() => document.querySelectorAll('#token-stream .vs-tok:not(.vs-rejected)').length == 20")
+    shot(page, "step-through")
+
+
+def test_change_method(page):
+    choose(page, "method", "stream")
+    set_number(page, "max-tokens", 12)
+    page.click("#generate-btn")
+    wait_done(page)
+    assert status_text(page).startswith("done")
+    assert page.locator("#token-stream .vs-tok:not(.vs-rejected)").count() == 12
+    open_tab(page, "KV selection")
+    page.wait_for_function("() => { const p = document.querySelector('#kv-overview .js-plotly-plot');"
+                           " return p && p.layout.title.text.includes('(stream)'); }", timeout=30_000)
+    open_tab(page, "Generate")
+
+
+def test_bad_input_shows_a_message(page):
+    page.fill("#prompt textarea", "   ")
+    page.click("#generate-btn")
+    page.wait_for_selector("#counters .vs-status:has-text('prompt is empty')")
+    page.fill("#prompt textarea", PROMPT)
+
+
+def test_compare_shows_lossless_pass(page):
+    open_tab(page, "Compare")
+    for m in ("quest", "specextend", "vegas-all"):
+        page.locator(f"#cmp-methods label:has-text('{m}') input").uncheck()
+    set_number(page, "cmp-max-tokens", 12)
+    page.click("#compare-btn")
+    page.wait_for_selector("#compare-table [data-lossless]:not([data-lossless=''])", timeout=STREAM_TIMEOUT_MS * 2)
+    page.wait_for_selector("#compare-status:has-text('done')", timeout=STREAM_TIMEOUT_MS * 2)
+    assert page.get_attribute("#compare-table .vs-compare", "data-lossless") == "pass", page.inner_text("#compare-table")
+    methods = page.eval_on_selector_all("#compare-table tr[data-method]", "els => els.map(e => e.dataset.method)")
+    assert methods == ["vanilla", "stream", "vegas"]
+    assert "Lossless check passed" in page.inner_text("#compare-table")
+    shot(page, "compare")
+    open_tab(page, "Acceptance")
+    names = [t["name"] for t in plot_data(page, "acc-position")]
+    assert "stream (compare)" in names and "vegas (compare)" in names
+
+
+def test_export_trace_and_reimport_it(page, tmp_path):
+    open_tab(page, "Export / Replay")
+    page.click("#export-btn")
+    page.wait_for_selector("#export-files a[download$='.trace.json']", timeout=60_000)
+    names = page.eval_on_selector_all("#export-files a[download]", "els => els.map(e => e.getAttribute('download'))")
+    assert "vegas-run-stream.trace.json" in names and "vegas-run-stream.perfetto.json" in names, names
+    assert "vegas-run-stream.iterations.parquet" in names and "vegas-run-stream.iterations.csv" in names
+    assert "vegas-compare-vegas.trace.json" in names
+    with page.expect_download() as dl:
+        page.click("#export-files a[download='vegas-run-stream.trace.json']")
+    saved = tmp_path / "exported.trace.json"
+    dl.value.save_as(saved)
+    data = json.loads(saved.read_text())
+    assert data["schema_version"] == 1 and data["config"]["method"] == "stream"
+    page.set_input_files("#upload input[type=file]", str(saved))
+    page.wait_for_selector("#replay-status:has-text('Replaying')", timeout=60_000)
+    assert "method stream" in page.inner_text("#replay-status")
+    open_tab(page, "Generate")
+    assert page.locator("#token-stream .vs-tok:not(.vs-rejected)").count() == len(data["requests"][0]["output_token_ids"])
+    open_tab(page, "KV selection")
+    assert len(plot_data(page, "kv-overview")[0]["z"]) == 30
+    shot(page, "replay")
+
+
+def test_export_figures(page):
+    open_tab(page, "Export / Replay")
+    page.click("#figures-btn")
+    page.wait_for_selector("#export-note:has-text('Exported')", timeout=180_000)
+    note = page.inner_text("#export-note")
+    names = page.eval_on_selector_all("#export-files a[download]", "els => els.map(e => e.getAttribute('download'))")
+    # kaleido with Debian's chromium writes PNG and SVG; without them the app falls back to HTML and says so.
+    assert "(kaleido)" in note, note
+    assert "kv-selection-overview.png" in names and "kv-selection-overview.svg" in names, names
+    assert "per-position-acceptance.png" in names
+
+
+def test_corrupt_upload_shows_a_message(page, tmp_path):
+    open_tab(page, "Export / Replay")
+    bad = tmp_path / "corrupt.json"
+    bad.write_text('{"schema_version": 1, "model": [[[')
+    page.set_input_files("#upload input[type=file]", str(bad))
+    page.wait_for_selector("#replay-status:has-text('Could not load this trace')", timeout=60_000)
+    wrong = tmp_path / "wrong-schema.json"
+    wrong.write_text(json.dumps({"schema_version": 99, "hello": "world"}))
+    page.set_input_files("#upload input[type=file]", str(wrong))
+    page.wait_for_selector("#replay-status:has-text('schema_version')", timeout=60_000)
+    shot(page, "corrupt-upload")
+
+
+def test_stop_mid_stream_frees_the_kv_pages(page, app_server):
+    open_tab(page, "Generate")
+    choose(page, "method", "vanilla")
+    set_number(page, "max-tokens", 400)
+    page.click("#generate-btn")
+    page.wait_for_function(
+        "() => document.querySelector('#counters .vs-status').textContent.startsWith('generating')"
+        " && document.querySelectorAll('#token-stream .vs-tok').length >= 3", timeout=STREAM_TIMEOUT_MS)
+    page.click("#stop-btn")
+    page.wait_for_selector("#counters .vs-status:has-text('stopped')", timeout=60_000)
+    n = page.locator("#token-stream .vs-tok").count()
+    assert 3 <= n < 400
+    deadline = time.monotonic() + 30
+    while (p := pool(app_server))["active_requests"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert p["num_free"] == p["num_blocks"] and p["active_requests"] == 0, p
+    shot(page, "stopped")
+
+
+def test_server_serves_only_its_own_files(app_server):
+    for path in ("gradio_api/file=app.py", "gradio_api/file=/etc/passwd", f"gradio_api/file={ROOT}/app.py"):
+        try:
+            with urllib.request.urlopen(app_server.url + path, timeout=10) as r:
+                status = r.status
+        except urllib.error.HTTPError as e:
+            status = e.code
+        assert status in (403, 404), (path, status)

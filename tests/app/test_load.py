@@ -1,0 +1,117 @@
+"""Many clients at once against `python app.py` (default model, CPU), through gradio_client and the
+app's `/stream_tokens` endpoint, which shares the Generate button's concurrency group ("engine").
+
+The app runs with 8 concurrent streams and a queue of 2: eight clients stream together in one engine
+batch; four more arrive while they run, so two wait in the queue and the rest are told the queue is
+full. Every stream that finishes must hold each generated token exactly once (event token ids and text,
+concatenated, equal the final output), and the KV pool must be all free afterwards.
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+from gradio_client.utils import QueueError, Status  # noqa: E402
+
+APP_ARGS = ("--concurrency", "8", "--queue-size", "2")
+METHODS = ["vanilla", "vegas", "stream", "quest", "specextend", "vegas-all", "vanilla", "vegas"]
+MAX_TOKENS = 8
+LONG_TOKENS = 32
+RUNNING = (Status.PROCESSING, Status.ITERATING, Status.FINISHED)
+
+
+def _run(client, i: int, method: str, max_tokens: int, started=None):
+    """Stream one request; returns ('ok', outputs) or ('busy', message). `started(i)` is called once
+    the server is processing the job (its request is in the engine) or the job ended."""
+    job = client.submit(f"Give me fact number {i} about the ocean.", method, max_tokens, True, 0.0,
+                        api_name="/stream_tokens")
+    try:
+        if started is not None:
+            while job.status().code not in RUNNING and not job.done():
+                time.sleep(0.05)
+            started(i)
+        job.result(timeout=600)
+        return "ok", job.outputs()
+    except (QueueError, AppError, ValueError) as e:
+        if "queue is full" in str(e).lower():
+            return "busy", str(e)
+        raise
+    finally:
+        if started is not None:
+            started(i)
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _check_stream(outputs: list[dict], max_tokens: int):
+    *events, final = outputs
+    assert final["finished"] and not final.get("error"), final
+    assert [e["seq"] for e in events] == list(range(len(events))), "an event was lost or repeated"
+    ids = [t for e in events for t in e["token_ids"]]
+    assert ids == final["all_token_ids"], "streamed token ids differ from the final output"
+    assert "".join(e["text"] for e in events) == final["all_text"]
+    assert 1 <= len(ids) <= max_tokens
+
+
+def test_many_clients_stream_at_once(app_server):
+    pool0 = app_server.ready_client.predict(api_name="/pool")
+    assert pool0["num_free"] == pool0["num_blocks"]
+    clients = [app_server.client() for _ in range(12)]
+    started = set()
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(12) as ex:
+        # Eight streams, each joining the running batch (a queue of 2 cannot take a burst of eight).
+        first = []
+        for i in range(8):
+            first.append(ex.submit(_run, clients[i], i, METHODS[i], LONG_TOKENS, started.add))
+            _wait(lambda: i in started, 300, f"stream {i} to start")
+            print(f"stream {i} started at {time.monotonic() - t0:.1f} s; done: {[f.done() for f in first]}")
+        assert all(not f.done() for f in first), ("a stream ended before all eight were running",
+                                                  [f.result() for f in first if f.done()])
+        # Four more while they run: two wait in the queue, the rest are told it is full.
+        extra = [ex.submit(_run, clients[i], i, "vanilla", MAX_TOKENS) for i in range(8, 12)]
+        results = [f.result() for f in first]
+        extra_results = [f.result() for f in extra]
+    elapsed = time.monotonic() - t0
+
+    for status, outputs in results:
+        assert status == "ok", outputs
+        _check_stream(outputs, LONG_TOKENS)
+    busy = [r for r in extra_results if r[0] == "busy"]
+    assert busy, "with 8 streaming and a queue of 2, a 12th client must be told the queue is full"
+    assert all("queue is full" in msg.lower() for _, msg in busy)
+    for status, outputs in extra_results:
+        if status == "ok":
+            _check_stream(outputs, MAX_TOKENS)
+    assert len(busy) <= 2, extra_results  # two fit in the queue
+
+    pool = app_server.ready_client.predict(api_name="/pool")
+    assert pool["peak_active"] >= 8, pool        # the eight really were in the engine together
+    assert pool["active_requests"] == 0 and pool["num_free"] == pool["num_blocks"], pool
+    print(f"12 clients, {len(busy)} told busy, {elapsed:.1f} s")
+
+
+def test_a_client_that_cancels_frees_its_request(app_server):
+    client = app_server.client()
+    job = client.submit("Count from one to a thousand.", "vanilla", 400, True, 0.0, api_name="/stream_tokens")
+    deadline = time.monotonic() + 120
+    while len(job.outputs()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(job.outputs()) >= 2
+    job.cancel()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        pool = app_server.ready_client.predict(api_name="/pool")
+        if pool["active_requests"] == 0:
+            break
+        time.sleep(0.5)
+    assert pool["active_requests"] == 0 and pool["num_free"] == pool["num_blocks"], pool

@@ -1,0 +1,61 @@
+import json
+
+from tests.visualizations.conftest import OUTPUT, spec_trace, vanilla_trace
+from visualizations import (compare_rows, compare_table_html, first_divergence, load_kernel_results,
+                            lossless_check, overhead_figure)
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2
+
+
+def test_lossless_pass_and_table(trace, vanilla):
+    runs = {"vanilla": vanilla, "vegas": trace}
+    check = lossless_check(runs)
+    assert check["applicable"] and check["passed"] and check["results"]["vegas"]["divergence"] is None
+    html = compare_table_html(runs)
+    assert "data-lossless='pass'" in html and "✔ identical" in html
+    rows = compare_rows(runs)
+    assert [r["method"] for r in rows] == ["vanilla", "vegas"] and rows[1]["mean_acceptance_length"] == 3.5
+
+
+def test_lossless_failure_shows_where():
+    bad = OUTPUT[:4] + [19] + OUTPUT[5:]
+    runs = {"vanilla": vanilla_trace(), "vegas": spec_trace(output=bad)}
+    check = lossless_check(runs)
+    assert check["passed"] is False and check["results"]["vegas"]["divergence"] == 4
+    assert check["results"]["vegas"]["token"] == "?" and check["results"]["vegas"]["ref_token"] == " It"
+    html = compare_table_html(runs)
+    assert "data-lossless='fail'" in html and "differs at token 4" in html
+
+
+def test_lossless_not_applicable_when_sampling():
+    runs = {"vanilla": vanilla_trace(), "vegas": spec_trace(temperature=0.8)}
+    assert lossless_check(runs)["passed"] is None
+    assert "data-lossless='n/a'" in compare_table_html(runs)
+
+
+def test_overhead_without_results_says_so(tmp_path):
+    assert load_kernel_results(tmp_path) == []
+    fig = overhead_figure(None)
+    assert fig.layout.meta["empty"] and "No kernel benchmark results yet" in fig.layout.meta["message"]
+
+
+def test_overhead_from_results_file(tmp_path):
+    recs = []
+    for rows in (2, 8, 16):
+        for collect, us in (("none", 100.0), ("first_last", 102.0), ("all", 100.0 + 5 * rows)):
+            recs.append(dict(kernel="verify_attention", batch=64, context=8192, q_rows=rows, heads=9, kv_heads=3,
+                             head_dim=64, collect=collect, us=us, read_TBps=3.5))
+    (tmp_path / "kernels-2026-01-02-H200.json").write_text(json.dumps({"device": "NVIDIA H200", "records": recs}))
+    (tmp_path / "kernels-broken-x.json").write_text("{not json")
+    [res] = load_kernel_results(tmp_path)
+    assert res.device == "NVIDIA H200" and res.date == "2026-01-02"
+    fig = overhead_figure(res)
+    by_name = {t.name.split(" ")[0]: t for t in fig.data}
+    assert list(by_name["Collect-2-Query"].x) == [2, 8, 16]
+    assert [round(y, 6) for y in by_name["Collect-2-Query"].y] == [2.0, 2.0, 2.0]
+    assert [round(y, 6) for y in by_name["all"].y] == [10.0, 40.0, 80.0]
+    assert "NVIDIA H200" in fig.layout.title.text and "2026-01-02" in fig.layout.title.text

@@ -1,0 +1,17 @@
+"""Typed entry points for `gr.api` (Gradio derives the endpoint schema from these annotations, so this
+module deliberately does not use `from __future__ import annotations`)."""
+import gradio as gr
+
+
+def make_api(studio):
+    def stream_tokens(prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
+                      temperature: float = 0.0, request: gr.Request = None) -> dict:
+        """Stream one request: a dict per engine event ({seq, token_ids, text}), then a final dict
+        ({finished, finish_reason, all_token_ids, all_text}) or one with `error`."""
+        yield from studio.api_stream(prompt, method, max_tokens, chat, temperature, request)
+
+    def pool() -> dict:
+        """KV pool occupancy: {state, num_free, num_blocks, active_requests, peak_active}."""
+        return studio.pool()
+
+    return stream_tokens, pool

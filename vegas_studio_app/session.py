@@ -1,0 +1,63 @@
+"""Per-browser-session state, kept on the server and keyed by Gradio's session hash.
+
+Handlers of one session run concurrently (Stop, Pause and Step arrive while Generate streams), so the
+controls live here rather than in `gr.State`, which a running generator would not see change.
+The store is a bounded LRU: old sessions' traces are dropped, so memory stays bounded.
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+@dataclass(eq=False)
+class Session:
+    handle: object | None = None        # worker.Handle of the generation in flight
+    paused: bool = False
+    revealed: int = 0                   # iterations shown while paused (Step adds one)
+    trace: object | None = None         # Trace of the last run, or the replayed upload
+    live_iterations: list = field(default_factory=list)   # iterations of the run in flight / last run
+    live_texts: dict = field(default_factory=dict)
+    live_output: list = field(default_factory=list)
+    runs: dict = field(default_factory=dict)              # compare: method -> Trace
+    cancel_compare: bool = False
+    source: str = ""                    # "live", "replay" or ""
+    run_info: tuple | None = None       # (SpecParams, SamplingParams) of the live run
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def running(self) -> bool:
+        return self.handle is not None and not getattr(self.handle, "done", True)
+
+    def stop(self) -> bool:
+        """Abort the generation in flight (and any compare loop). True if there was one."""
+        self.cancel_compare = True
+        h = self.handle
+        if h is not None and not h.done:
+            h.abort()
+            return True
+        return False
+
+
+class SessionStore:
+    def __init__(self, capacity: int = 256):
+        self.capacity = capacity
+        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str | None) -> Session:
+        key = key or "anonymous"
+        with self._lock:
+            s = self._items.get(key)
+            if s is None:
+                s = self._items[key] = Session()
+                while len(self._items) > self.capacity:
+                    _, old = self._items.popitem(last=False)
+                    old.stop()
+            else:
+                self._items.move_to_end(key)
+            return s
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -1,0 +1,266 @@
+"""One background thread owns the engine; every user talks to it through queues.
+
+The engine is not thread-safe, and one engine serves every browser tab and API client: continuous
+batching puts their requests into the same steps. So exactly one thread (`EngineWorker`) loads the
+model, adds, steps and aborts; request handlers only `submit` and then read their own `Handle`'s queue.
+
+Contract:
+- `submit(...)` returns a `Handle` once the engine accepted the request, or raises the engine's
+  `InvalidRequestError` (bad prompt or parameters) / `EngineNotReady` in the caller's thread.
+- A handle's queue yields `LiveEvent`s in engine order, then exactly one final event (`finished=True`)
+  carrying the `GenerationResult` and the run's `Trace` (or an `error`). Every token the engine emitted
+  for the request is in exactly one event's `new_token_ids`.
+- `Handle.abort()` (Stop, a closed tab, a consumer that stopped reading for `stale_after_s`) frees the
+  request's KV pages; its final event has finish_reason "abort".
+- An exception inside `engine.step()` fails the requests of that step with a message; the worker, and
+  the app, stay up.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from vegas_core.errors import VegasError
+from vegas_core.sampling import SamplingParams
+from vegas_core.spec import SpecParams
+
+
+class EngineNotReady(VegasError):
+    """The model is still loading, or failed to load."""
+
+
+@dataclass
+class LiveEvent:
+    new_token_ids: list[int]
+    text_delta: str
+    rejected_ids: list[int]
+    iteration: dict | None
+    token_texts: dict[int, str]            # text of every id in this event (emitted, drafts)
+    finished: bool = False
+    finish_reason: str | None = None
+    result: object | None = None           # GenerationResult, on the final event
+    trace: object | None = None            # Trace, on the final event
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Handle:
+    request_id: int
+    prompt_text: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    spec: SpecParams
+    worker: "EngineWorker"
+    events: "queue.Queue[LiveEvent]" = field(default_factory=queue.Queue)
+    prompt_texts: dict[int, str] = field(default_factory=dict)   # text of each prompt token id
+    last_poll: float = field(default_factory=time.monotonic)
+    done: bool = False
+
+    def get(self, timeout: float = 0.5) -> LiveEvent | None:
+        """Next event, or None after `timeout` (the call also tells the worker someone still reads)."""
+        self.last_poll = time.monotonic()
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def abort(self) -> None:
+        if not self.done:
+            self.worker._commands.put(("abort", self.request_id, None))
+
+
+class EngineWorker:
+    def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
+                 max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None):
+        self.model, self.device, self.dtype = model, device, dtype
+        self.max_num_seqs = max_num_seqs
+        self.stale_after_s = stale_after_s
+        self._factory = engine_factory
+        self.engine = None
+        self.state = "loading"             # loading | ready | failed
+        self.error: str | None = None
+        self.load_started = time.monotonic()
+        self.load_time_s: float | None = None
+        self.peak_active = 0
+        self._commands: "queue.Queue[tuple]" = queue.Queue()
+        self._handles: dict[int, Handle] = {}
+        self._requests: dict[int, object] = {}
+        self._texts: dict[int, str] = {}
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vegas-engine", daemon=True)
+
+    # -- caller side ---------------------------------------------------------------------------
+    def start(self) -> "EngineWorker":
+        self._thread.start()
+        return self
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        self._ready.wait(timeout)
+        return self.state == "ready"
+
+    def status_line(self) -> str:
+        if self.state == "loading":
+            return f"Loading the model… {time.monotonic() - self.load_started:.0f} s"
+        if self.state == "failed":
+            return f"The model failed to load: {self.error}"
+        e = self.engine
+        return (f"Ready: {e.config.name or e.source} on {e.device} ({str(e.dtype).replace('torch.', '')}), "
+                f"loaded in {self.load_time_s:.1f} s")
+
+    def submit(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool = True,
+               timeout: float = 60.0) -> Handle:
+        if self.state != "ready":
+            raise EngineNotReady(self.status_line())
+        fut: Future = Future()
+        self._commands.put(("submit", (prompt, sampling, spec, chat), fut))
+        return fut.result(timeout)
+
+    def pool(self, timeout: float = 30.0) -> dict:
+        """KV pool occupancy and active requests, read by the engine thread between steps."""
+        if self.state != "ready":
+            return {"state": self.state, "num_free": None, "num_blocks": None, "active_requests": 0}
+        fut: Future = Future()
+        self._commands.put(("pool", None, fut))
+        return fut.result(timeout)
+
+    def shutdown(self) -> None:
+        self._commands.put(("stop", None, None))
+
+    # -- engine thread -------------------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            if self._factory is not None:
+                self.engine = self._factory()
+            else:
+                from vegas_core.engine import Engine
+                from vegas_core.engine_core import EngineOptions
+                self.engine = Engine(self.model, self.device, self.dtype,
+                                     options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs))
+            self.load_time_s = time.monotonic() - self.load_started
+            self.state = "ready"
+        except Exception as e:  # a bad --model path must show in the UI, not kill the server
+            self.error = f"{type(e).__name__}: {e}"
+            self.state = "failed"
+        finally:
+            print(f"Vegas Studio: {self.status_line()}", flush=True)
+            self._ready.set()
+
+    def _run(self) -> None:
+        self._load()
+        if self.state != "ready":
+            self._fail_commands_forever()
+            return
+        while True:
+            busy = self.engine.core.has_work
+            try:
+                cmd = self._commands.get(block=not busy, timeout=None if not busy else 0)
+            except queue.Empty:
+                cmd = None
+            while cmd is not None:
+                if cmd[0] == "stop":
+                    return
+                self._command(*cmd)
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = None
+            self._abort_stale()
+            if self.engine.core.has_work:
+                self._step()
+
+    def _fail_commands_forever(self) -> None:
+        while True:
+            kind, _, fut = self._commands.get()
+            if kind == "stop":
+                return
+            if fut is not None:
+                fut.set_exception(EngineNotReady(self.status_line()))
+
+    def _command(self, kind: str, arg, fut: Future | None) -> None:
+        try:
+            if kind == "submit":
+                fut.set_result(self._add(*arg))
+            elif kind == "abort":
+                self._abort(arg)
+            elif kind == "pool":
+                alloc = self.engine.core.allocator
+                fut.set_result({"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
+                                "active_requests": len(self._handles), "peak_active": self.peak_active})
+        except Exception as e:
+            if fut is not None and not fut.done():
+                fut.set_exception(e)
+
+    def _add(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool) -> Handle:
+        req = self.engine.add(prompt, sampling, spec, chat=chat)
+        h = Handle(req.request_id, prompt, list(req.prompt_ids), sampling, spec, self,
+                   prompt_texts={t: self._text(t) for t in set(req.prompt_ids)})
+        self._handles[req.request_id] = h
+        self._requests[req.request_id] = req
+        self.peak_active = max(self.peak_active, len(self._handles))
+        return h
+
+    def _text(self, token_id: int) -> str:
+        text = self._texts.get(token_id)
+        if text is None:
+            text = self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._texts) < 200_000:
+                self._texts[token_id] = text
+        return text
+
+    def _step(self) -> None:
+        try:
+            events = self.engine.step()
+        except Exception as e:
+            msg = f"the engine failed during a step ({type(e).__name__}: {e}); the request was stopped"
+            traceback.print_exc()
+            for rid in list(self._handles):
+                self._finish(rid, "error", error=msg, abort=True)
+            return
+        for ev in events:
+            h = self._handles.get(ev.request_id)
+            if h is None:
+                continue
+            ids = set(ev.new_token_ids) | set(ev.rejected_ids)
+            if ev.iteration:
+                ids.update(d["token_id"] for d in ev.iteration["drafts"])
+                ids.update(ev.iteration["emitted"])   # a stop can cut emitted tokens from the output
+            h.events.put(LiveEvent(list(ev.new_token_ids), ev.text_delta, list(ev.rejected_ids), ev.iteration,
+                                   {t: self._text(t) for t in ids}))
+            if ev.finished:
+                self._finish(ev.request_id, ev.finish_reason)
+
+    def _abort(self, request_id: int) -> None:
+        if request_id in self._handles:
+            self._finish(request_id, "abort", abort=True)
+
+    def _abort_stale(self) -> None:
+        now = time.monotonic()
+        for rid, h in list(self._handles.items()):
+            if now - h.last_poll > self.stale_after_s:
+                self._finish(rid, "abort", abort=True)
+
+    def _finish(self, request_id: int, reason: str | None, error: str | None = None, abort: bool = False) -> None:
+        """Final event with result and trace; frees the request's pages and the engine's bookkeeping."""
+        from vegas_core.trace_builder import build_trace
+
+        h = self._handles.pop(request_id)
+        req = self._requests.pop(request_id)
+        result = trace = None
+        try:
+            result = self.engine.result(req)
+            if abort or result.finish_reason is None:
+                result.finish_reason = reason if reason in ("stop", "length", "abort", "error") else "abort"
+            trace = build_trace(self.engine, [result], h.spec, h.sampling, prompt_texts=[h.prompt_text],
+                                decode_time_s=result.decode_time_s)
+        except Exception as e:
+            error = error or f"could not build the run's trace ({type(e).__name__}: {e})"
+        finally:
+            self.engine.abort(request_id)     # frees KV pages if still held; drops the text tracker
+        h.done = True
+        h.events.put(LiveEvent([], "", [], None, {}, finished=True,
+                               finish_reason=result.finish_reason if result else reason,
+                               result=result, trace=trace, error=error))
