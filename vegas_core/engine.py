@@ -151,6 +151,12 @@ class Engine:
         self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
         return req
 
+    def pause(self, request_id: int) -> None:
+        self.core.pause(request_id)
+
+    def resume(self, request_id: int, iterations: int | None = None) -> None:
+        self.core.resume(request_id, iterations)
+
     def abort(self, request_id: int) -> None:
         self.core.abort(request_id)
         self._trackers.pop(request_id, None)

@@ -122,6 +122,18 @@ class EngineCore:
         child.num_cached = n
         return child
 
+    def pause(self, request_id: int) -> None:
+        """Hold a request between iterations: it keeps its KV pages and its place, others go on."""
+        req = self.requests.get(request_id)
+        if req is not None:
+            req.held, req.iterations_left = True, None
+
+    def resume(self, request_id: int, iterations: int | None = None) -> None:
+        """Let a held request run again: for good, or for `iterations` decode iterations (step-through)."""
+        req = self.requests.get(request_id)
+        if req is not None:
+            req.held, req.iterations_left = False, iterations
+
     def abort(self, request_id: int) -> None:
         req = self.requests.get(request_id)
         if req is not None and not req.finished:
@@ -193,7 +205,11 @@ class EngineCore:
         timings = dict(draft_ms=(t_draft - t_start) * 1e3, verify_ms=(t_verify - t_draft) * 1e3,
                        select_ms=select_s * 1e3, start_s=t_start - self._t0)
         for out in outputs:
-            out.request.decode_time_s += t_end - t_start
+            req = out.request
+            if req.iterations_left is not None:
+                req.iterations_left -= 1
+                req.held = req.iterations_left <= 0
+            req.decode_time_s += t_end - t_start
             if out.iteration is not None:
                 out.iteration.update(timings)
             if not out.finished:

@@ -42,6 +42,10 @@ class Request:
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
     num_preemptions: int = 0
+    # Pause / step-through: a held request keeps its pages but sits out decode iterations;
+    # `iterations_left` (when set) holds it again after that many iterations.
+    held: bool = False
+    iterations_left: int | None = None
 
     def __post_init__(self):
         if not self.token_ids:

@@ -84,6 +84,8 @@ class Scheduler:
         if plan.prefill:
             return plan
         for req in sorted(self.running, key=lambda r: r.arrival):
+            if req.held:
+                continue
             if req.status is Status.RUNNING and not req.needs_prefill and self._make_room(plan, req):
                 plan.decode.append(req)
         return plan

@@ -60,3 +60,25 @@ def test_stop_strings_and_streaming_text(engine):
     assert "".join(e.text_delta for e in events) == "The capital of France is "
     assert events[-1].finished and events[-1].finish_reason == "stop"
     assert engine.core.allocator.num_free == engine.core.allocator.num_blocks
+
+
+def test_pause_holds_a_request_and_step_advances_one_iteration(engine, alone):
+    sampling = SamplingParams(max_tokens=GEN, ignore_eos=True)
+    held = engine.add(PROMPTS[1], sampling, chat=True)
+    other = engine.add(PROMPTS[0], sampling, chat=True)
+    while held.needs_prefill or other.needs_prefill:
+        engine.step()
+    engine.step()
+    engine.pause(held.request_id)
+    n, pages = len(held.output_ids), list(engine.core.allocator.block_table(held.request_id))
+    for _ in range(3):
+        engine.step()
+    assert len(held.output_ids) == n and len(other.output_ids) > 1    # the other request went on
+    assert engine.core.allocator.block_table(held.request_id) == pages  # pages kept while held
+    engine.resume(held.request_id, iterations=1)
+    engine.step()
+    assert len(held.output_ids) == n + 1 and held.held                # one iteration, then held again
+    engine.resume(held.request_id)
+    while not (held.finished and other.finished):
+        engine.step()
+    assert held.output_ids == alone[1] and other.output_ids == alone[0]
