@@ -26,6 +26,7 @@ CSS = STREAM_CSS + """
 .vs-compare table { border-collapse: collapse; font-size: 13px; }
 .vs-compare td, .vs-compare th { border: 1px solid #dee2e6; padding: 3px 6px; vertical-align: top; }
 """
+RESET_PAUSE_JS = "() => 'Pause'"
 TOGGLE_REJECTED_JS = """(show) => { const el = document.querySelector('#token-stream');
   if (el) { el.classList.toggle('show-rejected', show); } return show; }"""
 
@@ -73,8 +74,10 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
                     max_tokens = gr.Slider(1, 1024, value=64, step=1, label="max tokens", elem_id="max-tokens")
             counters = gr.HTML(elem_id="counters")
             stream = gr.HTML(elem_id="token-stream")
-            gr.Markdown("**Step-through** — Pause holds the view; Step shows the next iteration's stages. "
-                        "After a run, Step walks through it from the first iteration.")
+            gr.Markdown("**Step-through** — Pause holds the request in the engine (its KV pages kept, other users' "
+                        "requests go on); Step then runs exactly one more iteration and shows its draft, verify, "
+                        "accept and select stages; Resume lets it run on. After a run (or for an uploaded trace), "
+                        "Step walks through the recorded iterations from the first one.")
             stages = gr.HTML(elem_id="stages")
 
         with gr.Tab("KV selection", id="kv"):
@@ -144,7 +147,9 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
             .then(studio.refresh_views, outputs=views, api_visibility="private")
         gen.then(studio.refresh_views, outputs=views, api_visibility="private")
         stop_btn.click(studio.stop, queue=False, api_name="stop")
-        pause_btn.click(studio.pause, outputs=[pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        pause_btn.click(studio.pause, pause_btn, [pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        for starts in (generate_btn.click, prompt.submit, upload.upload):   # a new run starts unpaused
+            starts(None, None, pause_btn, js=RESET_PAUSE_JS)
         step_btn.click(studio.step, outputs=[pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
         show_rejected.change(None, show_rejected, None, js=TOGGLE_REJECTED_JS)
 

@@ -2,6 +2,8 @@
 
 Handlers of one session run concurrently (Stop, Pause and Step arrive while Generate streams), so the
 controls live here rather than in `gr.State`, which a running generator would not see change.
+`paused` means two things: during a live run the engine holds the request (Step advances it one
+iteration); after a run, or for an uploaded trace, the view holds at `revealed` recorded iterations.
 The store is a bounded LRU: old sessions' traces are dropped, so memory stays bounded.
 """
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import dataclass, field
 @dataclass(eq=False)
 class Session:
     handle: object | None = None        # worker.Handle of the generation in flight
-    paused: bool = False
+    paused: bool = False                # live run: the engine holds the request; otherwise: the view holds
     revealed: int = 0                   # iterations shown while paused (Step adds one)
+    version: int = 0                    # bumped by Pause / Step / Resume: the streaming view re-renders
     trace: object | None = None         # Trace of the last run, or the replayed upload
     live_iterations: list = field(default_factory=list)   # iterations of the run in flight / last run
     live_texts: dict = field(default_factory=dict)
@@ -23,6 +26,7 @@ class Session:
     runs: dict = field(default_factory=dict)              # compare: method -> Trace
     cancel_compare: bool = False
     source: str = ""                    # "live", "replay" or ""
+    streaming: bool = False             # the Generate stream of `handle` is in flight (live step-through)
     run_info: tuple | None = None       # (SpecParams, SamplingParams) of the live run
     lock: threading.Lock = field(default_factory=threading.Lock)
 

@@ -1,5 +1,7 @@
 """The app's behaviour behind the Gradio layout in app.py: parameter checks, the streaming generator,
-pause / step, compare, export and replay. Everything reaches the engine through the `EngineWorker`,
+pause / step (during a run the engine really holds the request and Step runs one iteration at a time;
+after a run, or for an uploaded trace, Step walks through the recorded iterations), compare, export and
+replay. Everything reaches the engine through the `EngineWorker`,
 and everything drawn comes from `visualizations` applied to traces (live ones or uploaded ones).
 
 Handlers return plain values or `gr.update`/`gr.skip()` in the order app.py wires their outputs;
@@ -31,6 +33,7 @@ from .worker import EngineWorker
 MAX_PROMPT_CHARS = 20_000
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 RENDER_INTERVAL_S = 0.15
+STEP_WAIT_S = 30.0      # how long Pause / Step wait for the engine's iteration before the stream shows it
 
 
 def _session(request: gr.Request | None, store: SessionStore) -> Session:
@@ -138,7 +141,8 @@ class Studio:
     # -- rendering of the Generate tab ---------------------------------------------------------
     def _render_generate(self, s: Session, status: str, final_result=None, show_all: bool = False):
         its = s.live_iterations
-        shown = its if (not s.paused or show_all) else its[:s.revealed]
+        # While streaming, Pause holds the engine, so the view shows every iteration it has produced.
+        shown = its if (s.streaming or not s.paused or show_all) else its[:s.revealed]
         cap = s.live_output if len(shown) == len(its) and s.live_output else None
         pieces = stream_pieces(shown, s.live_texts, cap)
         stream = viz.token_stream_html(pieces, placeholder="Tokens appear here as they are accepted.")
@@ -152,8 +156,15 @@ class Studio:
         nxt = its[len(shown)] if cur is not None and len(shown) < len(its) else None
         n_layers = s.trace.model.num_layers if s.trace is not None else None
         stages = viz.iteration_stages_html(cur, s.live_texts, n_layers, next_iteration=nxt,
-                                           label=f"(of {len(its)} so far)" if s.running else f"(of {len(its)})")
+                                           label=f"(of {len(its)} so far)" if s.streaming else f"(of {len(its)})")
         return stream, counters, stages
+
+    @staticmethod
+    def _live_status(s: Session, elapsed: float) -> str:
+        if s.paused:
+            return (f"paused at iteration {len(s.live_iterations)} — the engine holds this request (its KV pages "
+                    "kept): Step runs one more iteration, Resume lets it run on")
+        return f"generating… {elapsed:.0f} s"
 
     @staticmethod
     def _live_tps(s: Session, shown) -> float | None:
@@ -183,7 +194,7 @@ class Studio:
             yield gr.skip(), viz.counters_html(0, None, None, 0, f"⚠ {msg}"), gr.skip()
             return
         with s.lock:
-            s.handle, s.paused, s.revealed, s.source = handle, False, 0, "live"
+            s.handle, s.paused, s.revealed, s.source, s.streaming = handle, False, 0, "live", True
             s.live_iterations, s.live_output, s.trace = [], [], None
             s.live_texts = dict(handle.prompt_texts)
             s.run_info = (spec, sampling)
@@ -191,30 +202,35 @@ class Studio:
         yield from self._stream(s, handle)
 
     def _stream(self, s: Session, handle):
-        last_render, last_revealed, final = 0.0, -1, None
+        last_render, seen_version, dirty, final = 0.0, s.version, False, None
         t0 = time.monotonic()
         try:
             while True:
-                ev = handle.get(timeout=0.25)
-                changed = s.revealed != last_revealed
+                ev = handle.get(timeout=0.25)      # keeps polling while paused: no stale-request abort
                 if ev is not None:
                     if ev.iteration is not None:
                         s.live_iterations.append(Iteration.model_validate(ev.iteration))
                     s.live_texts.update(ev.token_texts)
                     s.live_output.extend(ev.new_token_ids)
-                    changed = True
+                    dirty = True
                     if ev.finished:
                         final = ev
                         break
+                if s.version != seen_version:      # Pause / Step / Resume changed the status line
+                    seen_version, dirty = s.version, True
                 now = time.monotonic()
-                if changed and now - last_render >= RENDER_INTERVAL_S:
-                    last_render, last_revealed = now, s.revealed
-                    status = (f"paused at iteration {s.revealed} of {len(s.live_iterations)} — Step to advance"
-                              if s.paused else f"generating… {now - t0:.0f} s")
-                    yield self._render_generate(s, status)
+                if dirty and now - last_render >= RENDER_INTERVAL_S:
+                    last_render, dirty = now, False
+                    yield self._render_generate(s, self._live_status(s, now - t0))
         finally:
             if not handle.done:
                 handle.abort()      # the tab closed or the event was cancelled: free the KV pages
+            with s.lock:
+                if s.handle is handle:
+                    s.streaming = False
+                    s.revealed = len(s.live_iterations)    # a paused view holds at the last iteration
+        if s.handle is not handle:  # a replay replaced this run meanwhile
+            return
         if final.trace is not None:
             s.trace = final.trace
             req = final.trace.requests[0]
@@ -228,7 +244,8 @@ class Studio:
         else:
             status = f"done ({final.finish_reason}); decode {final.result.decode_time_s:.2f} s"
         if s.paused:
-            status += f" — paused at iteration {s.revealed} of {len(s.live_iterations)}: Step to go on, Resume to show all"
+            status += (f" — paused at iteration {s.revealed} of {len(s.live_iterations)}: Step walks through the "
+                       "run from its first iteration, Resume shows all")
         yield self._render_generate(s, status, final_result=final.result)
 
     # -- stop / pause / step -------------------------------------------------------------------
@@ -237,23 +254,51 @@ class Studio:
         if not s.stop():
             gr.Info("Nothing is running.")
 
-    def pause(self, request: gr.Request = None):
-        """Toggle. While paused the view holds its iteration and Step reveals the next one; the engine
-        keeps decoding this request in the shared batch (so a paused tab never holds KV pages beyond
-        its max_tokens)."""
+    def pause(self, label: str | None = None, request: gr.Request = None):
+        """Pause / Resume (`label` is the button's text, so the click does what the button says; without
+        it the call toggles). During a run the engine holds the request between iterations: it keeps
+        its KV pages and its place, the other requests in the shared batch go on, and Step runs it one
+        iteration at a time. After a run (or for an uploaded trace) the view holds its iteration and
+        Step reveals the next recorded one; Resume shows the whole run."""
         s = _session(request, self.store)
+        want = (label == "Pause") if label in ("Pause", "Resume") else not s.paused
+        new_label = "Resume" if want else "Pause"
+        if s.streaming:
+            try:
+                sent = s.handle.pause() if want else s.handle.resume()
+            except TimeoutError:
+                gr.Warning("the engine did not answer in time; try again")
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            with s.lock:
+                s.paused = want
+                s.version += 1
+            if not want:        # running on: the stream renders
+                return gr.update(value=new_label), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.update(value=new_label), *self._render_held(s, sent))
         with s.lock:
-            if not s.paused:
+            if want and not s.paused:
                 s.paused, s.revealed = True, len(s.live_iterations)
-                label = "Resume"
-            else:
+            elif not want:
                 s.paused = False
-                label = "Pause"
         kv = self._kv_slider(s) if s.paused else gr.skip()
-        if s.running:
-            return gr.update(value=label), gr.skip(), gr.skip(), gr.skip(), kv
         status = (f"paused at iteration {s.revealed} of {len(s.live_iterations)}" if s.paused else "showing the whole run")
-        return (gr.update(value=label), *self._render_generate(s, status), kv)
+        return (gr.update(value=new_label), *self._render_generate(s, status), kv)
+
+    def _render_held(self, s: Session, iterations: int):
+        """Stream, counters, stages and the KV slider once the stream has taken in the engine's first
+        `iterations` iterations of this run (the engine holds the request; the stream renders too)."""
+        deadline = time.monotonic() + STEP_WAIT_S
+        while s.streaming and len(s.live_iterations) < iterations and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with s.lock:
+            s.revealed = len(s.live_iterations)
+        if s.streaming and len(s.live_iterations) < iterations:
+            status = "paused — the next iteration is still running (prefill?); the view shows it when it arrives"
+        elif s.streaming:
+            status = self._live_status(s, 0)
+        else:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()     # finished meanwhile: the stream's last view
+        return (*self._render_generate(s, status), self._kv_slider(s))
 
     @staticmethod
     def _kv_slider(s: Session):
@@ -261,17 +306,27 @@ class Studio:
         return gr.update(value=max(0, s.revealed - 1), maximum=max(1, len(s.live_iterations) - 1))
 
     def step(self, request: gr.Request = None):
+        """During a run: pause if needed and let the engine run exactly one more iteration (its draft,
+        verify, accept and select stages are then shown). Otherwise: reveal the next recorded iteration
+        (from the first one again after the last)."""
         s = _session(request, self.store)
+        if s.streaming:
+            with s.lock:
+                s.paused = True
+                s.version += 1
+            try:
+                before = s.handle.advance()
+            except TimeoutError:
+                gr.Warning("the engine did not answer in time; try again")
+                return gr.update(value="Resume"), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return (gr.update(value="Resume"), *self._render_held(s, before + 1))
         with s.lock:
-            if not s.live_iterations and not s.running:
+            if not s.live_iterations:
                 gr.Warning("Nothing to step through yet: press Generate (or upload a trace) first.")
                 return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            if not s.paused:
-                s.paused = True
-                s.revealed = len(s.live_iterations) if s.running else 0
-            s.revealed = min(s.revealed + 1, len(s.live_iterations))
-        if s.running:     # the streaming generator renders the newly revealed iteration
-            return gr.update(value="Resume"), gr.skip(), gr.skip(), gr.skip(), self._kv_slider(s)
+            if not s.paused or s.revealed >= len(s.live_iterations):
+                s.paused, s.revealed = True, 0
+            s.revealed += 1
         status = f"paused at iteration {s.revealed} of {len(s.live_iterations)} — Step to advance, Resume to show all"
         return (gr.update(value="Resume"), *self._render_generate(s, status), self._kv_slider(s))
 
@@ -479,7 +534,7 @@ class Studio:
         with s.lock:
             req = trace.requests[0]
             s.trace, s.runs, s.source, s.paused, s.revealed = trace, {}, "replay", False, 0
-            s.handle = None
+            s.handle, s.streaming = None, False
             s.live_iterations = list(req.iterations)
             s.live_texts = dict(trace.token_texts)
             s.live_output = list(req.output_token_ids)

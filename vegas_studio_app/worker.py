@@ -12,6 +12,12 @@ Contract:
   for the request is in exactly one event's `new_token_ids`.
 - `Handle.abort()` (Stop, a closed tab, a consumer that stopped reading for `stale_after_s`) frees the
   request's KV pages; its final event has finish_reason "abort".
+- `Handle.pause()` holds the request between engine iterations (it keeps its KV pages; the other
+  requests in the batch go on), `Handle.advance()` runs exactly one more decode iteration and holds it
+  again (step-through), `Handle.resume()` lets it run on. Each returns once the engine thread applied
+  it, with the number of iteration events sent to the handle so far: after `pause()` no further event
+  comes until `advance()` / `resume()` (a held request that is still prefilling finishes its prefill).
+  A paused consumer must keep calling `get` (the stale-request abort still applies to it).
 - An exception inside `engine.step()` fails the requests of that step with a message; the worker, and
   the app, stay up.
 """
@@ -59,6 +65,7 @@ class Handle:
     prompt_texts: dict[int, str] = field(default_factory=dict)   # text of each prompt token id
     last_poll: float = field(default_factory=time.monotonic)
     done: bool = False
+    iterations_sent: int = 0               # events carrying an iteration record put on `events`
 
     def get(self, timeout: float = 0.5) -> LiveEvent | None:
         """Next event, or None after `timeout` (the call also tells the worker someone still reads)."""
@@ -71,6 +78,26 @@ class Handle:
     def abort(self) -> None:
         if not self.done:
             self.worker._commands.put(("abort", self.request_id, None))
+
+    def pause(self, timeout: float = 30.0) -> int:
+        """Hold the request between iterations (KV pages kept); returns `iterations_sent` once held."""
+        return self._hold("pause", timeout)
+
+    def resume(self, timeout: float = 30.0) -> int:
+        """Let a paused request run on."""
+        return self._hold("resume", timeout)
+
+    def advance(self, timeout: float = 30.0) -> int:
+        """Run exactly one more decode iteration, then hold again; returns `iterations_sent` before it,
+        so that iteration's event is the one numbered by the return value (0-based)."""
+        return self._hold("advance", timeout)
+
+    def _hold(self, kind: str, timeout: float) -> int:
+        if not self.done:
+            fut: Future = Future()
+            self.worker._commands.put((kind, self.request_id, fut))
+            fut.result(timeout)
+        return self.iterations_sent
 
 
 class EngineWorker:
@@ -154,10 +181,19 @@ class EngineWorker:
         if self.state != "ready":
             self._fail_commands_forever()
             return
+        idle = False
         while True:
+            # Block for a command when there is nothing to step, or when the last step changed nothing
+            # (every request held by pause, or waiting for pages those hold): only a command or the
+            # stale-request check can change that, so no busy loop.
             busy = self.engine.core.has_work
             try:
-                cmd = self._commands.get(block=not busy, timeout=None if not busy else 0)
+                if not busy:
+                    cmd = self._commands.get()
+                elif idle:
+                    cmd = self._commands.get(timeout=1.0)
+                else:
+                    cmd = self._commands.get_nowait()
             except queue.Empty:
                 cmd = None
             while cmd is not None:
@@ -169,8 +205,14 @@ class EngineWorker:
                 except queue.Empty:
                     cmd = None
             self._abort_stale()
+            idle = False
             if self.engine.core.has_work:
-                self._step()
+                before = self._progress()
+                idle = not self._step() and self._progress() == before
+
+    def _progress(self) -> tuple:
+        """What a step can change without emitting events: prefill, admission, preemption."""
+        return tuple((rid, r.num_cached, r.status) for rid, r in self.engine.core.requests.items())
 
     def _fail_commands_forever(self) -> None:
         while True:
@@ -190,6 +232,13 @@ class EngineWorker:
                 alloc = self.engine.core.allocator
                 fut.set_result({"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
                                 "active_requests": len(self._handles), "peak_active": self.peak_active})
+            elif kind in ("pause", "resume", "advance"):
+                if arg in self._handles:
+                    if kind == "pause":
+                        self.engine.pause(arg)
+                    else:
+                        self.engine.resume(arg, iterations=1 if kind == "advance" else None)
+                fut.set_result(None)
         except Exception as e:
             if fut is not None and not fut.done():
                 fut.set_exception(e)
@@ -211,7 +260,8 @@ class EngineWorker:
                 self._texts[token_id] = text
         return text
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One engine step; True if it emitted events."""
         try:
             events = self.engine.step()
         except Exception as e:
@@ -219,7 +269,7 @@ class EngineWorker:
             traceback.print_exc()
             for rid in list(self._handles):
                 self._finish(rid, "error", error=msg, abort=True)
-            return
+            return True
         for ev in events:
             h = self._handles.get(ev.request_id)
             if h is None:
@@ -228,10 +278,12 @@ class EngineWorker:
             if ev.iteration:
                 ids.update(d["token_id"] for d in ev.iteration["drafts"])
                 ids.update(ev.iteration["emitted"])   # a stop can cut emitted tokens from the output
+                h.iterations_sent += 1
             h.events.put(LiveEvent(list(ev.new_token_ids), ev.text_delta, list(ev.rejected_ids), ev.iteration,
                                    {t: self._text(t) for t in ids}))
             if ev.finished:
                 self._finish(ev.request_id, ev.finish_reason)
+        return bool(events)
 
     def _abort(self, request_id: int) -> None:
         if request_id in self._handles:

@@ -181,10 +181,45 @@ def test_step_through_a_finished_run(page):
     shot(page, "step-through")
 
 
+def counter(page, name: str) -> int:
+    return int(page.inner_text(f"#counters [data-counter='{name}']"))
+
+
+def test_pause_holds_the_engine_and_step_runs_one_iteration(page):
+    open_tab(page, "Generate")
+    choose(page, "method", "vegas")
+    set_number(page, "max-tokens", 40)
+    page.click("#generate-btn")
+    page.wait_for_function("() => { const c = document.querySelector(\"#counters [data-counter='iterations']\");"
+                           " return c && +c.textContent >= 1; }", timeout=STREAM_TIMEOUT_MS)
+    page.click("#pause-btn")
+    page.wait_for_selector("#counters .vs-status:has-text('paused at iteration')")
+    assert page.inner_text("#pause-btn").strip() == "Resume"
+    n = counter(page, "iterations")
+    page.wait_for_timeout(1500)                                  # held: the engine runs no iteration
+    assert counter(page, "iterations") == n and "paused" in status_text(page)
+    page.click("#step-btn")
+    page.wait_for_selector(f"#stages .vs-stages[data-iteration='{n}']", timeout=60_000)
+    assert counter(page, "iterations") == n + 1
+    stages = page.eval_on_selector_all("#stages [data-stage]", "els => els.map(e => e.dataset.stage)")
+    assert stages == ["draft", "verify", "accept", "select"]
+    page.wait_for_timeout(1500)                                  # exactly one iteration, then held again
+    assert counter(page, "iterations") == n + 1 and "paused" in status_text(page)
+    page.click("#pause-btn")                                     # Resume: runs on to the end
+    wait_done(page)
+    assert status_text(page).startswith("done"), status_text(page)        # 40 tokens, or an earlier EOS
+    assert counter(page, "iterations") > n + 1 and counter(page, "tokens") <= 40
+    assert page.inner_text("#pause-btn").strip() == "Pause"
+    page.click("#step-btn")                                      # the recorded run, from its first iteration
+    page.wait_for_selector("#stages .vs-stages[data-iteration='0']")
+    assert page.inner_text("#pause-btn").strip() == "Resume"    # the next Generate resets it
+
+
 def test_change_method(page):
     choose(page, "method", "stream")
     set_number(page, "max-tokens", 12)
     page.click("#generate-btn")
+    page.wait_for_function("() => document.querySelector('#pause-btn').textContent.trim() == 'Pause'")
     wait_done(page)
     assert status_text(page).startswith("done")
     assert page.locator("#token-stream .vs-tok:not(.vs-rejected)").count() == 12

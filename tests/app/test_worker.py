@@ -1,9 +1,12 @@
 """The engine worker and the app's handlers, against a tiny random 2-layer Llama (fast on the CPU):
 one thread owns the engine, concurrent requests share its batches, every token reaches its own
-stream exactly once, Stop and engine failures free the KV pool, and Pause / Step hold the view."""
+stream exactly once, Stop and engine failures free the KV pool, Pause holds a request in the engine
+while others go on, Step (advance) runs it exactly one iteration, and Resume lets it finish."""
 from __future__ import annotations
 
+import queue
 import threading
+import time
 
 import pytest
 
@@ -110,17 +113,87 @@ def test_an_engine_failure_fails_the_request_not_the_worker(worker, monkeypatch)
     assert _drain(h2)[-1].finish_reason == "length"
 
 
-def test_pause_holds_the_view_and_step_advances(worker):
+def _queued(handle) -> list:
+    out = []
+    while True:
+        try:
+            out.append(handle.events.get_nowait())
+        except queue.Empty:
+            return out
+
+
+def _wait_events(handle, n: int, timeout: float = 60) -> list:
+    """At least `n` more events from `handle` (none of them final)."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < n:
+        ev = handle.get(timeout=max(0.01, deadline - time.monotonic()))
+        assert ev is not None, f"only {len(got)} of {n} events in time"
+        assert not ev.finished, ev.finish_reason
+        got.append(ev)
+    return got
+
+
+def test_pause_holds_advance_runs_one_iteration_resume_finishes(worker):
+    spec = SpecParams(method="vegas", gamma=3, min_budget=2)
+    held = worker.submit("the the the", SamplingParams(max_tokens=12, ignore_eos=True), spec, chat=False)
+    other = worker.submit("count on and on", SamplingParams(max_tokens=300, ignore_eos=True),
+                          SpecParams(method="vanilla"), chat=False)
+    events = _wait_events(held, 1)
+    n = held.pause()                                        # returns once held: the events so far
+    events += _queued(held)
+    assert n == len(events) == sum(e.iteration is not None for e in events) and n < 12
+    req = worker.engine.core.requests[held.request_id]
+    _wait_events(other, 3)                                  # the other request goes on ...
+    assert req.held and held.events.empty()                 # ... the paused one does not
+    assert held.advance() == n                              # exactly one more iteration
+    ev = held.get(timeout=60)
+    assert ev is not None and not ev.finished and ev.iteration["index"] == n
+    events.append(ev)
+    _wait_events(other, 3)
+    assert req.held and held.events.empty()
+    assert held.iterations_sent == n + 1
+    other.abort()
+    assert _drain(other)[-1].finish_reason == "abort"
+    steps = worker.engine.core.step_index
+    time.sleep(0.3)                                         # held alone: the worker waits, no busy loop
+    assert worker.engine.core.step_index - steps <= 2 and held.events.empty()
+    held.resume()
+    *rest, final = _drain(held)
+    events += rest
+    assert final.finish_reason == "length" and len(final.result.token_ids) == 12
+    assert [t for e in events for t in e.new_token_ids] == final.result.token_ids
+    assert [e.iteration["index"] for e in events] == list(range(len(events)))
+    assert _pool_is_free(worker)
+
+
+def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
     studio = Studio(worker)
     gen = studio.generate("the the the", False, "vegas", 3, 0.5, 2, "layer", False, 0.0, 1.0, 0, None, 16)
-    stream0, counters0, _ = next(gen)                       # the empty view, while prefilling
+    _, counters0, _ = next(gen)                             # the empty view, while prefilling
     assert "generating" in counters0
-    studio.pause()                                          # pause before any iteration is shown
-    renders = list(gen)                                     # the engine finishes the request anyway
-    stream, counters, stages = renders[-1]
+    renders = []
+    streamer = threading.Thread(target=lambda: renders.extend(gen))   # Gradio drives the stream
+    streamer.start()
     s = studio.store.get(None)
-    assert s.paused and s.revealed == 0 and len(s.live_iterations) >= 2
-    assert 'data-counter="tokens">0<' in counters and "paused at iteration 0" in counters
+    label, _, counters, _, _ = studio.pause()
+    n = len(s.live_iterations)
+    assert label["value"] == "Resume" and f'data-counter="iterations">{n}<' in counters and "paused" in counters
+    time.sleep(0.3)
+    assert len(s.live_iterations) == n and s.running       # held: nothing more arrives
+    for k in (n + 1, n + 2):                                # each Step runs exactly one iteration
+        label, _, counters, stages, kv = studio.step()
+        assert f'data-counter="iterations">{k}<' in counters and f'data-iteration="{k - 1}"' in stages
+        assert [c for c in ("draft", "verify", "accept", "select") if f'data-stage="{c}"' in stages] == \
+            ["draft", "verify", "accept", "select"]
+        assert kv["value"] == k - 1 and len(s.live_iterations) == k
+    label, *_ = studio.pause()                              # resume: the run goes on to the end
+    assert label["value"] == "Pause"
+    streamer.join(60)
+    assert not streamer.is_alive() and not s.paused
+    assert "done (length)" in renders[-1][1] and 'data-counter="tokens">16<' in renders[-1][1]
+    n_it = len(s.live_iterations)
+    assert n_it > n + 2
+    # After the run, Step walks through the recorded iterations from the first one.
     _, stream, counters, stages, _ = studio.step()
     assert 'data-iteration="0"' in stages and 'data-counter="iterations">1<' in counters
     _, stream, counters, stages, _ = studio.step()
