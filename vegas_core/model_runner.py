@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionMetadata, LogitCollector, ReferenceBackend, SeqAttention
+from .attention import AttentionMetadata, DecodeBatch, LogitCollector, ReferenceBackend, SeqAttention
 from .block_manager import BlockAllocator
 from .config import ModelConfig
 from .kv_cache import KVPool
@@ -41,30 +41,45 @@ class ModelRunner:
     def forward(self, entries: list[BatchEntry], allocator: BlockAllocator,
                 collector: LogitCollector | None = None) -> torch.Tensor:
         """Run one batched forward. Returns float32 logits for the requested rows, in entry order."""
-        dev = self.device
-        ids, pos, seq_lens, slots, rows, seqs = [], [], [], [], [], []
+        dev, bs = self.device, self.block_size
+        ends = [e.start + len(e.tokens) for e in entries]
+        # Every request's pool slots by position, padded to the longest: built once, on the device,
+        # and shared by all layers (per-request views of it are the key slots).
+        nblk = -(-max(ends) // bs)
+        tables = torch.zeros(len(entries), nblk, dtype=torch.long)
+        for i, e in enumerate(entries):
+            t = allocator.block_table(e.seq_id)[:nblk]
+            tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        pos = torch.arange(max(ends), device=dev)
+        all_slots = tables.to(dev)[:, pos // bs] * bs + pos % bs              # [B, Lmax]
+        ids, row_of, tok_pos, seq_lens, rows, seqs, batched = [], [], [], [], [], [], []
         offset = 0
-        for e in entries:
+        for i, (e, end) in enumerate(zip(entries, ends)):
             n = len(e.tokens)
-            end = e.start + n
-            table = torch.as_tensor(allocator.block_table(e.seq_id), dtype=torch.long)
-            p = torch.arange(0, end, dtype=torch.long)
-            key_slots = table[p // self.block_size] * self.block_size + p % self.block_size
             ids.extend(e.tokens)
-            pos.append(p[e.start:])
-            seq_lens.append(torch.full((n,), end, dtype=torch.long))
-            slots.append(key_slots[e.start:])
-            seqs.append(SeqAttention(q_start=offset, q_len=n, key_slots=key_slots.to(dev), sparse=e.sparse,
+            row_of.extend([i] * n)
+            tok_pos.extend(range(e.start, end))
+            seq_lens.extend([end] * n)
+            seqs.append(SeqAttention(q_start=offset, q_len=n, key_slots=all_slots[i, :end], sparse=e.sparse,
                                      collect_rows=e.collect_rows, collect_upto=e.start))
+            if n == 1 and e.sparse is None and e.collect_rows is None:
+                batched.append(i)
             if e.logits == "last":
                 rows.append(offset + n - 1)
             elif e.logits == "all":
                 rows.extend(range(offset, offset + n))
             offset += n
-        meta = AttentionMetadata(slot_mapping=torch.cat(slots).to(dev), seqs=seqs, collector=collector)
-        return self.model(torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(pos).to(dev),
-                          self.pool, meta, torch.tensor(rows, dtype=torch.long, device=dev),
-                          torch.cat(seq_lens).to(dev))
+        positions = torch.tensor(tok_pos, dtype=torch.long).to(dev)
+        slot_mapping = all_slots[torch.tensor(row_of, dtype=torch.long).to(dev), positions]
+        dense = None
+        if batched:
+            idx = torch.tensor(batched, dtype=torch.long)
+            ends_t = torch.tensor(ends, dtype=torch.long)[idx].to(dev)
+            dense = DecodeBatch(seq_indices=set(batched), q_rows=torch.tensor([seqs[i].q_start for i in batched]).to(dev),
+                                slots=all_slots[idx.to(dev)], valid=pos[None, :] < ends_t[:, None])
+        meta = AttentionMetadata(slot_mapping=slot_mapping, seqs=seqs, collector=collector, decode_batch=dense)
+        return self.model(torch.tensor(ids, dtype=torch.long).to(dev), positions, self.pool, meta,
+                          torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(seq_lens).to(dev))
 
     def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of one sequence."""

@@ -50,7 +50,18 @@ class LogitCollector:
 
 
 @dataclass
+class DecodeBatch:
+    """The requests of a step that decode one token with plain full attention (vanilla decode, the
+    first step of a speculative request): attended together in one padded batch, not one by one."""
+    seq_indices: set[int]          # indices into AttentionMetadata.seqs
+    q_rows: torch.Tensor           # [B] their query row in the flat token batch
+    slots: torch.Tensor            # [B, Lmax] pool slots by position (padding past each length)
+    valid: torch.Tensor            # [B, Lmax] True where the position exists
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor     # [T] pool slot each new token's K/V is written to
     seqs: list[SeqAttention]
     collector: LogitCollector | None = None
+    decode_batch: DecodeBatch | None = None

@@ -48,7 +48,12 @@ class ReferenceBackend:
         pool.write(layer, meta.slot_mapping, k, v)
         kf, vf = pool.flat(layer)
         out = torch.empty_like(q)
+        batch = meta.decode_batch
+        if batch is not None:
+            out[batch.q_rows] = self._decode_batch(q[batch.q_rows], kf, vf, batch).to(q.dtype)
         for i, seq in enumerate(meta.seqs):
+            if batch is not None and i in batch.seq_indices:
+                continue
             qs = q[seq.q_start: seq.q_start + seq.q_len]
             if seq.sparse is not None:
                 o = self._sparse(layer, qs, kf, vf, seq)
@@ -68,6 +73,19 @@ class ReferenceBackend:
             rows = torch.as_tensor(seq.collect_rows, device=q.device)
             meta.collector.put(i, layer, s[rows, :, : seq.collect_upto].clone(), lse[rows].clone())
         return weighted_values(torch.exp(s - lse[..., None]), values)
+
+    def _decode_batch(self, q, kf, vf, batch):
+        """Single-token full attention for B requests at once over their padded key slots.
+        q [B, H, d] -> [B, H, d]. Each KV head's query group is a row block of its own, so no KV
+        head is expanded in memory."""
+        b, heads, d = q.shape
+        kvh = kf.shape[1]
+        keys = kf[batch.slots].transpose(1, 2)                        # [B, KVH, L, d]
+        values = vf[batch.slots].transpose(1, 2)
+        qg = q.view(b, kvh, heads // kvh, d)                           # [B, KVH, G, d]
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=batch.valid[:, None, None, :],
+                                           scale=self.scale)
+        return o.reshape(b, heads, d)
 
     def _sdpa(self, q, keys, values, causal: bool = True):
         """Attention without collection through torch's fused kernel (same maths, less overhead).
