@@ -1,0 +1,41 @@
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance} [options]`.
+
+Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
+the device in words, the exact command, the torch version and the records) and prints a table.
+Timings are never asserted in tests; only the shape and plausibility of the records are.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import acceptance, decode
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m vegas_core.bench", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="bench", required=True)
+    decode.add_arguments(sub.add_parser("decode", help="decode throughput (and the Hugging Face baseline)",
+                                        description=decode.__doc__.splitlines()[0]))
+    acceptance.add_arguments(sub.add_parser("acceptance", help="acceptance length and recall of every policy",
+                                            description=acceptance.__doc__.splitlines()[0]))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..errors import VegasError
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        import torch
+        torch.set_num_threads(args.threads)
+    try:
+        if args.bench == "decode":
+            decode.run(args, argv)
+        else:
+            acceptance.run(args, argv)
+    except VegasError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,190 @@
+"""What every benchmark shares: describing the machine, timing an engine run step by step, writing
+the result file and printing a table.
+
+A result file is one JSON object: `date`, `device` (in words), `command` (the exact command line),
+`torch` (version), `python`, then whatever the benchmark adds (`model`, `workload`...) and its
+`records`. Files are named `<kind>-<YYYY-MM-DD>-<device tag>.json`.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import time
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_OUT = os.path.join("bench", "results")
+
+
+# -- the machine -------------------------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def device_description(device: torch.device) -> str:
+    """'cpu: Intel(R) Xeon(R) Processor, 2 threads' or 'cuda: NVIDIA H200'."""
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    return f"cpu: {cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def device_tag(device: torch.device) -> str:
+    """Short name for file names: 'cpu', or the GPU model ('NVIDIA H200' -> 'h200')."""
+    if device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    name = re.sub(r"^(NVIDIA|AMD)\s+", "", name, flags=re.I)
+    words = re.findall(r"[a-z0-9]+", name.lower())
+    return "-".join(words[:2]) or "cuda"
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- timing an engine run ------------------------------------------------------------------------
+@dataclass
+class RunTiming:
+    """One batch through the engine. Decode throughput is `generated_tokens / decode_s`: every
+    token the batch generated over the wall time of the decode steps (prefill steps excluded)."""
+    results: list
+    prefill_s: float
+    decode_s: float
+    prefill_steps: int
+    decode_steps: int
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(r.generated_tokens for r in self.results)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def timed_generate(engine, prompts: list[list[int]], sampling, spec=None, on_step=None) -> RunTiming:
+    """Run `prompts` to completion, timing every engine step. A prefill step emits no events (the
+    core returns nothing for it); a decode step emits one per running request. The engine
+    prefills every waiting prompt before it decodes, so with `max_num_seqs >= len(prompts)` and a
+    big enough KV pool the decode steps run the whole batch."""
+    reqs = [engine.add(p, sampling, spec) for p in prompts]
+    prefill_s = decode_s = 0.0
+    prefill_steps = decode_steps = 0
+    sync(engine.device)
+    while any(not r.finished for r in reqs):
+        t = time.perf_counter()
+        events = engine.step()
+        sync(engine.device)
+        dt = time.perf_counter() - t
+        if events:
+            decode_s += dt
+            decode_steps += 1
+        else:
+            prefill_s += dt
+            prefill_steps += 1
+        if on_step is not None:
+            on_step(events)
+    results = [engine.result(r) for r in reqs]
+    for r in reqs:
+        engine._trackers.pop(r.request_id, None)
+    return RunTiming(results, prefill_s, decode_s, prefill_steps, decode_steps)
+
+
+# -- results -------------------------------------------------------------------------------------
+def command_line(argv: list[str]) -> str:
+    return shlex.join(["python", "-m", "vegas_core.bench", *argv])
+
+
+def write_results(kind: str, out_dir: str, device: torch.device, argv: list[str], records: list[dict],
+                  **extra) -> str:
+    """Write `<out_dir>/<kind>-<date>-<tag>.json` and return its path."""
+    date = datetime.date.today().isoformat()
+    doc = {"date": date, "device": device_description(device), "command": command_line(argv),
+           "torch": torch.__version__, "python": platform.python_version(), **extra,
+           "records": records}
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{kind}-{date}-{device_tag(device)}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(_finite(doc), f, indent=1, allow_nan=False)
+        f.write("\n")
+    return path
+
+
+def _finite(x):
+    """NaN/inf have no JSON spelling: write null."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
+# -- output --------------------------------------------------------------------------------------
+def fmt(x, digits: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    if isinstance(x, float):
+        return f"{x:.{digits}f}"
+    return str(x)
+
+
+def print_table(title: str, columns: list[str], rows: list[list]) -> None:
+    """A rich table when rich is installed, plain aligned text otherwise."""
+    cells = [[fmt(c) for c in row] for row in rows]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(columns)]
+        print(title)
+        print("  ".join(h.rjust(w) for h, w in zip(columns, widths)))
+        for r in cells:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+        return
+    table = Table(title=title)
+    for h in columns:
+        table.add_column(h, justify="right")
+    for r in cells:
+        table.add_row(*r)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: don't squeeze the table into 80 columns
+        console = Console(width=240)
+    console.print(table)
+
+
+def progress_bar(total: int, desc: str):
+    """A tqdm bar (to stderr) when tqdm is installed, else a do-nothing stand-in."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="run", dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix_str(self, s):
+        pass
+
+    def close(self):
+        pass
