@@ -64,15 +64,16 @@ class ReferenceBackend:
 
     def _dense(self, layer, i, q, kf, vf, seq: SeqAttention, meta: AttentionMetadata):
         keys, values = kf[seq.key_slots], vf[seq.key_slots]
-        if seq.collect_rows is None or meta.collector is None:
-            return self._sdpa(q, keys, values)
-        s = dense_scores(q, keys, self.scale)
-        s = s.masked_fill(causal_mask(q.shape[0], keys.shape[0], q.device)[:, None, :], float("-inf"))
-        lse = torch.logsumexp(s, dim=-1)
+        # The output always comes from the same fused call, so collecting cannot change it (and a
+        # verification that collects stays bit-identical to one that does not).
+        out = self._sdpa(q, keys, values)
         if seq.collect_rows is not None and meta.collector is not None:
             rows = torch.as_tensor(seq.collect_rows, device=q.device)
-            meta.collector.put(i, layer, s[rows, :, : seq.collect_upto].clone(), lse[rows].clone())
-        return weighted_values(torch.exp(s - lse[..., None]), values)
+            s = dense_scores(q[rows], keys, self.scale)               # the softmax inputs of those rows
+            mask = causal_mask(q.shape[0], keys.shape[0], q.device)[rows]
+            s = s.masked_fill(mask[:, None, :], float("-inf"))
+            meta.collector.put(i, layer, s[:, :, : seq.collect_upto], torch.logsumexp(s, dim=-1))
+        return out
 
     def _decode_batch(self, q, kf, vf, batch):
         """Single-token full attention for B requests at once over their padded key slots.
