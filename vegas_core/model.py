@@ -25,6 +25,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; same maths as below when nothing is cast
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalise in float32 as Hugging Face does, then cast back before the weight multiply.
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -141,6 +143,8 @@ class CausalLM(nn.Module):
                 seq_lens: torch.Tensor | None = None) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions, seq_lens)
         x = self.model.embed_tokens(input_ids)
+        # Shaped and cast once for all layers: [T, 1, head_dim] in the activation dtype.
+        cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
         for layer in self.model.layers:
             x = layer(x, cos, sin, self.backend, pool, meta)
         if logit_rows is not None:

@@ -112,8 +112,9 @@ class RotaryEmbedding:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim]; cos/sin [T, head_dim]."""
+    """x [T, heads, head_dim]; cos/sin [T, head_dim] or already [T, 1, head_dim] in x's dtype."""
+    if cos.dim() == 2:
+        cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     return x * cos + rotated * sin
