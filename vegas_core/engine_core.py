@@ -177,17 +177,28 @@ class EngineCore:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _now(self) -> float:
-        self._sync()
+    def _mark(self):
+        """A point in time for phase timings: a CUDA event on a GPU (no synchronisation in the
+        middle of the iteration), the wall clock on the CPU."""
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
         return time.perf_counter()
 
+    def _ms(self, start, end) -> float:
+        if self.device.type == "cuda":
+            return start.elapsed_time(end)   # valid once `end` has completed (we synchronise first)
+        return (end - start) * 1e3
+
     def _decode(self, reqs: list[Request]) -> list[StepOutput]:
-        t_start = self._now()
+        wall_start = time.perf_counter()
+        m_start = self._mark()
         drafts, qprobs = self._draft(reqs)
-        t_draft = self._now()
+        m_draft = self._mark()
         entries, logits, collector = self._verify(reqs, drafts)
-        t_verify = self._now()
-        outputs, select_s = [], 0.0
+        m_verify = self._mark()
+        outputs, selects = [], []
         row = 0
         for i, (req, entry) in enumerate(zip(reqs, entries)):
             n = len(entry.tokens)
@@ -197,19 +208,20 @@ class EngineCore:
             req.num_cached = base + 1 + res.num_accepted
             old_selection = req.selection
             if req.spec.speculative:
-                t = self._now()
+                m = self._mark()
                 req.selection = self._select(req, i, entry, base, res.num_accepted, collector)
-                select_s += self._now() - t
+                selects.append((m, self._mark()))
             outputs.append(self._emit(req, res, base, old_selection, drafts.get(req.request_id, [])))
-        t_end = self._now()
-        timings = dict(draft_ms=(t_draft - t_start) * 1e3, verify_ms=(t_verify - t_draft) * 1e3,
-                       select_ms=select_s * 1e3, start_s=t_start - self._t0)
+        self._sync()
+        wall_end = time.perf_counter()
+        timings = dict(draft_ms=self._ms(m_start, m_draft), verify_ms=self._ms(m_draft, m_verify),
+                       select_ms=sum(self._ms(a, b) for a, b in selects), start_s=wall_start - self._t0)
         for out in outputs:
             req = out.request
             if req.iterations_left is not None:
                 req.iterations_left -= 1
                 req.held = req.iterations_left <= 0
-            req.decode_time_s += t_end - t_start
+            req.decode_time_s += wall_end - wall_start
             if out.iteration is not None:
                 out.iteration.update(timings)
             if not out.finished:

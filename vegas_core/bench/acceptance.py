@@ -26,11 +26,7 @@ INSTRUCTION = "Summarise what the following Python source code does, module by m
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from ..spec import METHODS
 
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's own choice, usually one per core)")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    common.add_model_arguments(p)
     p.add_argument("--text-tokens", type=int, default=2048, help="tokens of real text in the prompt (default: 2048)")
     p.add_argument("--gen-tokens", type=int, default=128, help="tokens generated per run (default: 128)")
     p.add_argument("--workload", choices=("summarise", "continue"), default="summarise",

@@ -188,3 +188,12 @@ class _NoBar:
 
     def close(self):
         pass
+
+
+def add_model_arguments(p) -> None:
+    """The options every benchmark shares: which model, where, in what precision."""
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: torch's own choice, usually one per core)")
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")

@@ -29,11 +29,7 @@ GAMMA_SLACK = 17  # slots a speculative iteration may write past the verified pr
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
-    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: torch's own choice, usually one per core)")
-    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    common.add_model_arguments(p)
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="batch sizes (default: 1)")
     p.add_argument("--context", type=int, nargs="+", default=[100],
                    help="prompt lengths in tokens of real text (default: 100)")
