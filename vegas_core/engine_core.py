@@ -225,7 +225,7 @@ class EngineCore:
             if out.iteration is not None:
                 out.iteration.update(timings)
             if not out.finished:
-                self.allocator.truncate(out.request.request_id, out.request.num_cached)
+                self.allocator.truncate(req.request_id, req.num_cached)
         return outputs
 
     def _draft(self, reqs):

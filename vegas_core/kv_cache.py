@@ -34,9 +34,7 @@ class KVPool:
         return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * itemsize
 
 
-def slots_for(block_table: list[int] | torch.Tensor, start: int, end: int, block_size: int,
-              device: torch.device | str = "cpu") -> torch.Tensor:
-    """Flat slot indices of token positions [start, end) of one sequence."""
-    table = torch.as_tensor(block_table, dtype=torch.long, device=device)
-    pos = torch.arange(start, end, dtype=torch.long, device=device)
-    return table[pos // block_size] * block_size + pos % block_size
+def slot_index(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Flat pool slots of token positions through block tables: tables [..., max_blocks] (one table,
+    or a padded batch of them) and positions [L] -> [..., L]."""
+    return tables[..., positions // block_size] * block_size + positions % block_size

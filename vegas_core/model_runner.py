@@ -10,7 +10,7 @@ import torch
 from .attention import AttentionMetadata, DecodeBatch, LogitCollector, ReferenceBackend, SeqAttention
 from .block_manager import BlockAllocator
 from .config import ModelConfig
-from .kv_cache import KVPool
+from .kv_cache import KVPool, slot_index
 from .model import CausalLM
 
 
@@ -51,7 +51,7 @@ class ModelRunner:
             t = allocator.block_table(e.seq_id)[:nblk]
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
         pos = torch.arange(max(ends), device=dev)
-        all_slots = tables.to(dev)[:, pos // bs] * bs + pos % bs              # [B, Lmax]
+        all_slots = slot_index(tables.to(dev), pos, bs)                        # [B, Lmax]
         ids, row_of, tok_pos, seq_lens, rows, seqs, batched = [], [], [], [], [], [], []
         offset = 0
         for i, (e, end) in enumerate(zip(entries, ends)):
@@ -84,8 +84,7 @@ class ModelRunner:
     def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of one sequence."""
         table = torch.as_tensor(allocator.block_table(seq_id), dtype=torch.long)
-        p = torch.arange(start, end, dtype=torch.long)
-        return (table[p // self.block_size] * self.block_size + p % self.block_size).to(self.device)
+        return slot_index(table, torch.arange(start, end), self.block_size).to(self.device)
 
     def keys(self, layer: int, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Cached (rotated) keys of positions [start, end) of one sequence: [n, KVH, d]."""
