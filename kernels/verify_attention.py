@@ -20,12 +20,14 @@ Returns ``(out, lse, logits)``:
   ``logits`` is bf16 ``[num_collected_rows, num_heads, max(context_lens)]`` holding the scaled
   pre-softmax scores ``scale * q.k`` and ``rows`` (int64 ``[num_collected_rows]``) is the flat query
   row each one belongs to. ``collect="c2q"`` keeps the first and last row of each request (one row
-  when ``q_len == 1``), ``"all"`` every row, in request then row order. Positions a row cannot see
+  when ``q_len == 1``), ``"all"`` every row, in request then row order; an explicit ascending
+  sequence of flat rows keeps exactly those (a batch mixing policies). Positions a row cannot see
   (causally masked, or past its request's context) hold ``-inf``. Collecting never changes ``out``
   or ``lse``: the Triton kernel runs the same arithmetic and only adds stores.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -38,6 +40,7 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     tl = None
 
 COLLECT_MODES = ("none", "c2q", "all")
+MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
 
 
 class CollectedLogits(NamedTuple):
@@ -45,10 +48,20 @@ class CollectedLogits(NamedTuple):
     rows: torch.Tensor    # int64 [num_collected_rows]: flat query row of each collected row
 
 
-def collected_rows(q_start_loc: torch.Tensor, collect: str) -> torch.Tensor:
-    """Flat query rows whose logits are kept, in request then row order (int64, on CPU)."""
+def collected_rows(q_start_loc: torch.Tensor, collect, total: int | None = None) -> torch.Tensor:
+    """Flat query rows whose logits are kept, in request then row order (int64, on CPU).
+    ``collect`` is a mode name, or an explicit sequence of flat rows (ascending, no repeats), which
+    lets one batch mix requests that collect nothing, two rows or every row."""
+    if not isinstance(collect, str):
+        rows_t = torch.as_tensor(collect, dtype=torch.long).cpu().flatten()
+        if total is None:
+            total = int(q_start_loc[-1]) if len(q_start_loc) else 0
+        if len(rows_t) and (bool((rows_t[1:] <= rows_t[:-1]).any()) or int(rows_t[0]) < 0
+                            or int(rows_t[-1]) >= total):
+            raise ValueError(f"collect rows must be ascending, unique and in [0, {total})")
+        return rows_t
     if collect not in COLLECT_MODES:
-        raise ValueError(f"collect must be one of {COLLECT_MODES}, got {collect!r}")
+        raise ValueError(f"collect must be one of {COLLECT_MODES} or a list of rows, got {collect!r}")
     starts = q_start_loc.cpu().tolist()
     rows: list[int] = []
     for a, b in zip(starts[:-1], starts[1:]):
@@ -57,6 +70,17 @@ def collected_rows(q_start_loc: torch.Tensor, collect: str) -> torch.Tensor:
         elif collect == "c2q":
             rows.extend([a] if b - a == 1 else [a, b - 1])
     return torch.tensor(rows, dtype=torch.long)
+
+
+def collected_row_slots(rows: torch.Tensor, total: int) -> torch.Tensor:
+    """int32 [total]: each flat query row's index among the collected ``rows``, -1 elsewhere."""
+    slot = torch.full((total,), -1, dtype=torch.int32)
+    slot[rows] = torch.arange(len(rows), dtype=torch.int32)
+    return slot
+
+
+def _collects(collect) -> bool:
+    return (collect != "none") if isinstance(collect, str) else True
 
 
 def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
@@ -88,7 +112,7 @@ def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
         p = torch.exp(s - lse[a:b, :, None])
         out[a:b] = torch.einsum("rhc,chd->rhd", p, values).to(q.dtype)
         scores_all[a:b, :, :ctx] = s
-    if collect == "none":
+    if not _collects(collect):
         return out, lse, None
     rows_dev = rows_kept.to(q.device)
     return out, lse, CollectedLogits(scores_all[rows_dev].to(torch.bfloat16), rows_kept)
@@ -137,7 +161,8 @@ if triton is not None:
     @triton.jit
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
-            tables_ptr, ctx_ptr, qloc_ptr, scale,
+            part_acc_ptr, part_ml_ptr,
+            tables_ptr, ctx_ptr, qloc_ptr, scale, split_len, num_splits, logits_len,
             s_qt, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
             s_vb, s_vt, s_vh, s_vd,
@@ -145,18 +170,29 @@ if triton is not None:
             s_lt, s_lh,
             s_gr, s_gh, s_gc,
             s_tb,
+            s_ps, s_pt, s_ph,
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COLLECT: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
-        """One program = one request x one KV head: all GROUP query heads of all the request's rows
-        form the BLOCK_M-row tile (row m: query row m // GROUP, head kvh * GROUP + m % GROUP), so each
-        K/V block is read once. Online softmax over BLOCK_N-key tiles gathered via the block table."""
+            SPLIT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+        """One program = one request x one KV head (x one split of the context when SPLIT): all
+        GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
+        m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
+        over BLOCK_N-key tiles gathered via the block table. With SPLIT, program (req, kvh, s) covers
+        keys [s * split_len, (s + 1) * split_len) and leaves its unnormalised partial state for
+        `_merge_splits_kernel` (flash-decoding)."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
         q_len = tl.load(qloc_ptr + req + 1) - q_start
         ctx = tl.load(ctx_ptr + req)
+        if SPLIT:
+            split = tl.program_id(2)
+            lo = split * split_len
+            hi = tl.minimum(ctx, lo + split_len)
+        else:
+            lo = 0
+            hi = ctx
 
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
@@ -177,56 +213,145 @@ if triton is not None:
         if INTERPRET:
             # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
             # (its __index__ calls int() on a 1-element array); a while loop evaluates the same.
-            start = 0
-            while start < ctx:
+            start = lo
+            while start < hi:
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, m_i, l_i, acc, k_ptr, v_ptr,
-                    logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
                 start += BLOCK_N
         else:
-            for start in range(0, ctx, BLOCK_N):
+            for start in range(lo, hi, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, m_i, l_i, acc, k_ptr, v_ptr,
-                    logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
 
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        acc = acc / l_safe[:, None]
+        if COLLECT:
+            # Positions past this request's context up to the buffer's width (the batch's longest
+            # context) are -inf; the last split writes them, so the buffer needs no prior fill.
+            last = True
+            if SPLIT:
+                last = split == num_splits - 1
+            if last:
+                keep = (slot >= 0) & m_valid
+                offs_n = tl.arange(0, BLOCK_N)
+                neg = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32).to(tl.bfloat16)
+                if INTERPRET:
+                    start = ctx
+                    while start < logits_len:
+                        pos = start + offs_n
+                        dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr
+                               + head[:, None] * s_gh + pos[None, :] * s_gc)
+                        tl.store(dst, neg, mask=keep[:, None] & (pos < logits_len)[None, :])
+                        start += BLOCK_N
+                else:
+                    for start in range(ctx, logits_len, BLOCK_N):
+                        pos = start + offs_n
+                        dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr
+                               + head[:, None] * s_gh + pos[None, :] * s_gc)
+                        tl.store(dst, neg, mask=keep[:, None] & (pos < logits_len)[None, :])
+
         o_rows = (q_start + row)
-        tl.store(out_ptr + o_rows[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :] * s_od,
-                 acc.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
-        tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_i + tl.log(l_safe), mask=m_valid)
+        if SPLIT:
+            part = split * s_ps + o_rows * s_pt + head * s_ph
+            tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                     mask=m_valid[:, None] & d_valid[None, :])
+            tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
+            tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
+        else:
+            l_safe = tl.where(l_i > 0, l_i, 1.0)
+            acc = acc / l_safe[:, None]
+            tl.store(out_ptr + o_rows[:, None] * s_ot + head[:, None] * s_oh
+                     + offs_d[None, :] * s_od,
+                     acc.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+            tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_i + tl.log(l_safe), mask=m_valid)
+
+    @triton.jit
+    def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads,
+                             s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
+                             NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One program per (query row, head): combine the splits' (max, sum, unnormalised acc)
+        into the output and the log-sum-exp. Empty splits carry max -1e30 and weigh exp(-huge) = 0."""
+        t = tl.program_id(0)
+        h = tl.program_id(1)
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        s_valid = offs_s < NUM_SPLITS
+        d_valid = offs_d < HEAD_DIM
+        part = offs_s * s_ps + t * s_pt + h * s_ph
+        m = tl.load(part_ml_ptr + 2 * part, mask=s_valid, other=-1.0e30)
+        l = tl.load(part_ml_ptr + 2 * part + 1, mask=s_valid, other=0.0)
+        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_valid[:, None] & d_valid[None, :], other=0.0)
+        m_max = tl.max(m, axis=0)
+        w = tl.exp(m - m_max)
+        l_sum = tl.sum(w * l, axis=0)
+        o = tl.sum(w[:, None] * acc, axis=0) / l_sum
+        tl.store(out_ptr + t * s_ot + h * s_oh + offs_d * s_od, o.to(out_ptr.dtype.element_ty),
+                 mask=d_valid)
+        tl.store(lse_ptr + t * s_lt + h * s_lh, m_max + tl.log(l_sum))
 
 
 def _interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
+
+
+def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | None = None,
+                       min_split: int = 512) -> int:
+    """Flash-decoding's split of the context: enough (request, KV head, split) programs to give
+    every SM about four, but no split shorter than `min_split` keys (the merge and the partial
+    writes would then cost more than the parallelism gains). Depends only on the batch's shape, so
+    a collecting and a non-collecting call split alike and their outputs stay bit-identical."""
+    if num_sms is None:
+        num_sms = _sm_count()
+    programs = max(1, batch * kv_heads)
+    want = -(-4 * num_sms // programs)
+    return max(1, min(want, -(-max_ctx // min_split), 64))
+
+
 def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
-                     scale: float, collect: str = "none", block_n: int = 32):
-    """Triton version of ``verify_attention_reference`` (single pass; see the module docstring).
-    ``block_n`` keys per tile is independent of the pool's page size."""
+                     scale: float, collect: str = "none", block_n: int = 32,
+                     num_splits: int | None = None, max_ctx: int | None = None,
+                     max_q: int | None = None, row_slot: torch.Tensor | None = None,
+                     num_warps: int = 4, num_stages: int = 2):
+    """Triton version of ``verify_attention_reference`` (see the module docstring).
+
+    ``block_n`` keys per tile is independent of the pool's page size. ``num_splits`` splits each
+    request's context into that many equal ranges processed by separate programs and merged
+    (flash-decoding); None picks `default_num_splits`.
+
+    An engine attends the same batch in every layer; it passes what does not change so that no
+    call reads the device from the host: ``max_ctx`` (the longest context), ``max_q`` (the most
+    rows of one request) and ``row_slot`` (int32 [total] on the device: each flat row's index among
+    the collected rows, -1 when not collected, as `collected_row_slots` builds it)."""
     if triton is None:
         raise RuntimeError("verify_attention needs Triton; use verify_attention_reference")
-    rows_kept = collected_rows(q_start_loc, collect)
     total, heads, dim = q.shape
+    rows_kept = collected_rows(q_start_loc, collect, total)
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
     group = heads // kv_heads
-    max_q = int((q_start_loc[1:] - q_start_loc[:-1]).max()) if batch else 0
+    if max_q is None:
+        max_q = int((q_start_loc[1:] - q_start_loc[:-1]).max()) if batch else 0
     out = torch.empty_like(q)
     lse = torch.empty(total, heads, dtype=torch.float32, device=q.device)
-    max_ctx = int(context_lens.max()) if batch else 0
-    do_collect = collect != "none"
+    if max_ctx is None:
+        max_ctx = int(context_lens.max()) if batch else 0
+    do_collect = _collects(collect)
     if do_collect:
-        logits = torch.full((len(rows_kept), heads, max_ctx), float("-inf"),
-                            dtype=torch.bfloat16, device=q.device)
-        slot = torch.full((total,), -1, dtype=torch.int32)
-        slot[rows_kept] = torch.arange(len(rows_kept), dtype=torch.int32)
-        slot = slot.to(q.device)
+        logits = torch.empty((len(rows_kept), heads, max_ctx), dtype=torch.bfloat16,
+                             device=q.device)   # every entry is written by the kernel
+        slot = row_slot if row_slot is not None else \
+            collected_row_slots(rows_kept, total).to(q.device)
     else:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -235,11 +360,29 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     block_m = max(16, triton.next_power_of_2(max_q * group))
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    _verify_attention_kernel[(batch, kv_heads)](
-        q, k_cache, v_cache, out, lse, logits, slot,
-        block_tables, context_lens, q_start_loc, float(scale),
+    if num_splits is None:
+        num_splits = default_num_splits(batch, kv_heads, max_ctx)
+    # Equal ranges, each a whole number of tiles, covering the longest context.
+    split_len = block_n * max(1, -(-max_ctx // (num_splits * block_n)))
+    num_splits = max(1, -(-max_ctx // split_len))
+    split = num_splits > 1
+    if split:
+        part_acc = torch.empty(num_splits, total, heads, dim, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(num_splits, total, heads, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
+    s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
+    _verify_attention_kernel[(batch, kv_heads, num_splits)](
+        q, k_cache, v_cache, out, lse, logits, slot, part_acc, part_ml,
+        block_tables, context_lens, q_start_loc, float(scale), split_len, num_splits, max_ctx,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
-        *logits.stride(), block_tables.stride(0), k_cache.shape[1],
+        *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        COLLECT=do_collect, PRECISION=precision, INTERPRET=_interpreting())
+        COLLECT=do_collect, SPLIT=split, PRECISION=precision, INTERPRET=_interpreting(),
+        num_warps=num_warps, num_stages=num_stages)
+    if split:
+        _merge_splits_kernel[(total, heads)](
+            part_acc, part_ml, out, lse, heads, s_ps, s_pt, s_ph, *out.stride(), *lse.stride(),
+            NUM_SPLITS=num_splits, HEAD_DIM=dim, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+            BLOCK_D=block_d)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)

@@ -1,6 +1,13 @@
-"""Shared fixtures: the embedded model is loaded once per test session."""
+"""Shared fixtures: the embedded model is loaded once per test session.
+
+Triton reads TRITON_INTERPRET when a kernel is decorated (`triton.knobs.runtime.interpret`), i.e.
+when a `kernels.*` module is first imported, which any engine import does; so it is set here,
+before every test module. setdefault: a GPU run overrides it with TRITON_INTERPRET=0."""
 import inspect
+import os
 import textwrap
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
 

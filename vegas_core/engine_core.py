@@ -30,6 +30,7 @@ from .request import Request, Status
 from .sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
 from .scheduler import Scheduler
 from .spec import SpecParams
+from .spec.batched import SelectItem, select_batch
 from .spec.policy import build_selection, collect_rows
 from .trace.positions import encode_positions
 
@@ -53,6 +54,7 @@ class EngineOptions:
     max_num_seqs: int = 64
     max_prefill_tokens: int = 1024
     trace: bool = False                    # record per-iteration trace dicts on each request
+    attention: str = "auto"                # "auto" (Triton on a GPU), "reference" or "triton"
 
 
 class EngineCore:
@@ -65,7 +67,8 @@ class EngineCore:
         self.spec = spec or SpecParams(method="vanilla")
         num_blocks = opts.num_blocks or max(
             1, opts.kv_cache_bytes // KVPool.bytes_per_block(config, opts.block_size, dtype))
-        self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts.block_size)
+        self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts.block_size,
+                                  opts.attention)
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens)
         self.requests: dict[int, Request] = {}
@@ -97,6 +100,10 @@ class EngineCore:
             raise InvalidRequestError(
                 f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} is "
                 f"{len(prompt_ids) + sampling.max_tokens}, beyond the context length {ctx}")
+        if spec.method == "quest" and self.runner.kernels and spec.page_size != self.options.block_size:
+            raise InvalidRequestError(
+                f"on the kernel path a Quest page is a KV-pool block: page_size must be "
+                f"{self.options.block_size}, got {spec.page_size}")
         slots = self.allocator.num_blocks * self.allocator.block_size
         need = len(prompt_ids) + sampling.max_tokens + spec.gamma + 1
         if need > slots:
@@ -150,6 +157,17 @@ class EngineCore:
         self.scheduler.remove(req)
         self.requests.pop(req.request_id, None)
 
+    def next_token_logits(self, ids: list[int]) -> torch.Tensor:
+        """Full-attention logits [vocab] (float32) after `ids`, computed in a scratch sequence that
+        is freed again: for analysis (e.g. how close a call a divergence was), not for serving."""
+        self._validate(ids, SamplingParams(max_tokens=1), SpecParams(method="vanilla", gamma=1))
+        seq_id = -1 - self.step_index   # never a request id (those count up from 0)
+        self.allocator.ensure(seq_id, len(ids))
+        try:
+            return self.runner.forward([BatchEntry(seq_id, list(ids), 0, logits="last")], self.allocator)[0]
+        finally:
+            self.allocator.free(seq_id)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
@@ -198,7 +216,7 @@ class EngineCore:
         m_draft = self._mark()
         entries, logits, collector = self._verify(reqs, drafts)
         m_verify = self._mark()
-        outputs, selects = [], []
+        accepted = []
         row = 0
         for i, (req, entry) in enumerate(zip(reqs, entries)):
             n = len(entry.tokens)
@@ -206,16 +224,16 @@ class EngineCore:
             row += n
             base = req.num_cached
             req.num_cached = base + 1 + res.num_accepted
-            old_selection = req.selection
-            if req.spec.speculative:
-                m = self._mark()
-                req.selection = self._select(req, i, entry, base, res.num_accepted, collector)
-                selects.append((m, self._mark()))
-            outputs.append(self._emit(req, res, base, old_selection, drafts.get(req.request_id, [])))
+            accepted.append((i, req, entry, res, base, req.selection))
+        m_select = self._mark()
+        self._select_all(accepted, collector)
+        m_selected = self._mark()
+        outputs = [self._emit(req, res, base, old_selection, drafts.get(req.request_id, []))
+                   for i, req, entry, res, base, old_selection in accepted]
         self._sync()
         wall_end = time.perf_counter()
         timings = dict(draft_ms=self._ms(m_start, m_draft), verify_ms=self._ms(m_draft, m_verify),
-                       select_ms=sum(self._ms(a, b) for a, b in selects), start_s=wall_start - self._t0)
+                       select_ms=self._ms(m_select, m_selected), start_s=wall_start - self._t0)
         for out in outputs:
             req = out.request
             if req.iterations_left is not None:
@@ -267,6 +285,24 @@ class EngineCore:
             soft = torch.softmax(logits, dim=-1)
             res.target_probs = [float(soft[i, t]) for i, t in enumerate(drafts)]
         return res
+
+    def _select_all(self, accepted, collector: LogitCollector) -> None:
+        """Every speculative request's selection for its next draft phase: batched on the kernel
+        path (one scoring call per layer for the whole batch), one request at a time otherwise."""
+        spec_reqs = [(i, req, entry, res, base) for i, req, entry, res, base, _ in accepted
+                     if req.spec.speculative]
+        if not spec_reqs:
+            return
+        if self.runner.kernels:
+            items = [SelectItem(i, req, base, res.num_accepted) for i, req, entry, res, base in spec_reqs]
+            new = select_batch(items, collector, self.config.num_layers, self.config.num_kv_heads,
+                               self.device, self.runner.page_bounds, self.allocator.block_table,
+                               keep_sets=self.options.trace)
+            for _, req, *_ in spec_reqs:
+                req.selection = new[req.request_id]
+            return
+        for i, req, entry, res, base in spec_reqs:
+            req.selection = self._select(req, i, entry, base, res.num_accepted, collector)
 
     def _select(self, req: Request, i: int, entry: BatchEntry, base: int, num_accepted: int,
                 collector: LogitCollector):

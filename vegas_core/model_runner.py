@@ -3,6 +3,7 @@ lists of (request, tokens, positions) into one flat batch, builds the attention 
 step, and returns logits. It makes no scheduling or sampling decisions."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,7 @@ import torch
 from .attention import AttentionMetadata, DecodeBatch, LogitCollector, ReferenceBackend, SeqAttention
 from .block_manager import BlockAllocator
 from .config import ModelConfig
+from .errors import InvalidRequestError
 from .kv_cache import KVPool, slot_index
 from .model import CausalLM
 
@@ -25,9 +27,38 @@ class BatchEntry:
     logits: str = "none"                  # "none", "last" or "all" rows of this entry
 
 
+ATTENTION_CHOICES = ("auto", "reference", "triton")
+
+
+def resolve_attention(choice: str, device: torch.device) -> str:
+    """"auto" takes the Triton kernels on a GPU and the PyTorch reference on the CPU; "reference"
+    forces the reference anywhere (debugging); "triton" forces the kernels, which on a CPU only
+    runs under Triton's interpreter (TRITON_INTERPRET=1, how the tests compare the two paths)."""
+    if choice not in ATTENTION_CHOICES:
+        raise InvalidRequestError(f"attention must be one of {', '.join(ATTENTION_CHOICES)}, got {choice!r}")
+    if choice == "auto":
+        return "triton" if device.type == "cuda" and _triton_available() else "reference"
+    if choice == "triton":
+        if not _triton_available():
+            raise InvalidRequestError("attention='triton' needs the triton package (pip install triton)")
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise InvalidRequestError(
+                "attention='triton' on a CPU runs only under Triton's interpreter: set TRITON_INTERPRET=1 "
+                "before starting (slow; meant for tests), or use attention='reference'")
+    return choice
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class ModelRunner:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, num_blocks: int, block_size: int):
+                 dtype: torch.dtype, num_blocks: int, block_size: int, attention: str = "auto"):
         self.config, self.device, self.dtype = config, device, dtype
         self.block_size = block_size
         model = CausalLM(config)
@@ -35,8 +66,20 @@ class ModelRunner:
         self.model = model.to(device=device, dtype=dtype).eval()
         self.model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
         self.model.rope.inv_freq = self.model.rope.inv_freq.float()
-        self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
         self.pool = KVPool(config, num_blocks, block_size, dtype, device)
+        self.attention = resolve_attention(attention, torch.device(device))
+        self.page_bounds = None
+        if self.attention == "triton":
+            from .attention.kernel_backend import KernelBackend
+            from .attention.page_bounds import PageBounds
+            self.page_bounds = PageBounds(self.pool)
+            self.model.backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds)
+        else:
+            self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
+
+    @property
+    def kernels(self) -> bool:
+        return self.attention == "triton"
 
     def forward(self, entries: list[BatchEntry], allocator: BlockAllocator,
                 collector: LogitCollector | None = None) -> torch.Tensor:
@@ -51,7 +94,8 @@ class ModelRunner:
             t = allocator.block_table(e.seq_id)[:nblk]
             tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
         pos = torch.arange(max(ends), device=dev)
-        all_slots = slot_index(tables.to(dev), pos, bs)                        # [B, Lmax]
+        tables_dev = tables.to(dev)
+        all_slots = slot_index(tables_dev, pos, bs)                            # [B, Lmax]
         ids, row_of, tok_pos, seq_lens, rows, seqs, batched = [], [], [], [], [], [], []
         offset = 0
         for i, (e, end) in enumerate(zip(entries, ends)):
@@ -72,12 +116,13 @@ class ModelRunner:
         positions = torch.tensor(tok_pos, dtype=torch.long).to(dev)
         slot_mapping = all_slots[torch.tensor(row_of, dtype=torch.long).to(dev), positions]
         dense = None
-        if batched:
+        if batched and not self.kernels:
             idx = torch.tensor(batched, dtype=torch.long)
             ends_t = torch.tensor(ends, dtype=torch.long)[idx].to(dev)
             dense = DecodeBatch(seq_indices=set(batched), q_rows=torch.tensor([seqs[i].q_start for i in batched]).to(dev),
                                 slots=all_slots[idx.to(dev)], valid=pos[None, :] < ends_t[:, None])
-        meta = AttentionMetadata(slot_mapping=slot_mapping, seqs=seqs, collector=collector, decode_batch=dense)
+        meta = AttentionMetadata(slot_mapping=slot_mapping, seqs=seqs, collector=collector, decode_batch=dense,
+                                 block_tables=tables_dev, context_lens=ends)
         return self.model(torch.tensor(ids, dtype=torch.long).to(dev), positions, self.pool, meta,
                           torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(seq_lens).to(dev))
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from kernels.verify_attention import (collected_rows, verify_attention,
+from kernels.verify_attention import (collected_rows, default_num_splits, verify_attention,
                                       verify_attention_reference)
 from vegas_core.attention.reference import causal_mask, dense_scores, weighted_values
 
@@ -61,14 +61,18 @@ def check_logits(got, want):
     torch.testing.assert_close(g[fin], w[fin], rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim", CASES)
-def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads, head_dim):
+def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads, head_dim,
+                                                    num_splits):
+    """Single pass and split-K (3 splits of a 70-key context: 32 + 32 + 6 keys, and requests
+    shorter than the first split leave later splits empty) both match the reference."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim)
-    base_out, base_lse, none = verify_attention(*args, collect="none")
+    base_out, base_lse, none = verify_attention(*args, collect="none", num_splits=num_splits)
     assert none is None
     for collect in ("none", "c2q", "all"):
         ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
-        out, lse, logits = verify_attention(*args, collect=collect)
+        out, lse, logits = verify_attention(*args, collect=collect, num_splits=num_splits)
         torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
         assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
@@ -82,10 +86,18 @@ def test_block_size_and_tile_independent():
     """The key tile (block_n) need not equal the pool's page size (8 here)."""
     args = make_case([3, 8], [21, 45], 6, 2, 16, block_size=8, seed=3)
     ref_out, ref_lse, _ = verify_attention_reference(*args)
-    for block_n in (16, 64):
-        out, lse, _ = verify_attention(*args, block_n=block_n)
+    for block_n, splits in ((16, 1), (64, 1), (16, 2)):
+        out, lse, _ = verify_attention(*args, block_n=block_n, num_splits=splits)
         torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+
+
+def test_default_split_count():
+    """Enough programs to fill the SMs, never a split shorter than 512 keys, never more than 64."""
+    assert default_num_splits(64, 8, 8192, num_sms=132) == 2      # 512 programs -> 2 per (req, head)
+    assert default_num_splits(1, 3, 8192, num_sms=132) == 16      # capped by 8192 / 512
+    assert default_num_splits(1, 3, 300, num_sms=132) == 1        # too short to split
+    assert default_num_splits(128, 8, 32768, num_sms=132) == 1
 
 
 def test_collected_rows_map():

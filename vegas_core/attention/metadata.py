@@ -43,6 +43,11 @@ class LogitCollector:
     exp(logit - lse) is the true full-attention weight)."""
     logits: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     lse: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    # The kernel path keeps one tensor per layer for the whole batch instead: `batched[layer]` is
+    # (logits bf16 [R, H, C], lse float32 [R, H]) over R collected rows, and `rows_of[i]` lists
+    # which of the R rows belong to request index i (in its row order).
+    batched: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    rows_of: dict[int, list[int]] = field(default_factory=dict)
 
     def put(self, seq_index: int, layer: int, logits: torch.Tensor, lse: torch.Tensor) -> None:
         self.logits.setdefault(seq_index, {})[layer] = logits
@@ -65,3 +70,6 @@ class AttentionMetadata:
     seqs: list[SeqAttention]
     collector: LogitCollector | None = None
     decode_batch: DecodeBatch | None = None
+    block_tables: torch.Tensor | None = None   # [B, max_blocks] long on the device, per request
+    context_lens: list[int] | None = None      # keys each request's last row sees
+    plan: object = None                        # backend-private, built at the first layer

@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,agreement} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, decode
+from . import acceptance, agreement, decode, kernels
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
                                         description=decode.__doc__.splitlines()[0]))
     acceptance.add_arguments(sub.add_parser("acceptance", help="acceptance length and recall of every policy",
                                             description=acceptance.__doc__.splitlines()[0]))
+    kernels.add_arguments(sub.add_parser("kernels", help="Triton kernels: time, bandwidth, SDPA, collection cost",
+                                         description=kernels.__doc__.splitlines()[0]))
+    agreement.add_arguments(sub.add_parser("agreement", help="kernel path vs reference path, same answers?",
+                                           description=agreement.__doc__.splitlines()[0]))
     return parser
 
 
@@ -31,10 +35,8 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     try:
-        if args.bench == "decode":
-            decode.run(args, argv)
-        else:
-            acceptance.run(args, argv)
+        {"decode": decode.run, "acceptance": acceptance.run, "kernels": kernels.run,
+         "agreement": agreement.run}[args.bench](args, argv)
     except VegasError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

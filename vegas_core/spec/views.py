@@ -21,17 +21,65 @@ class _RecallMixin:
 
 
 class FixedSelection(_RecallMixin):
-    """One selection per layer made before drafting (vegas, vegas-all, specextend, stream)."""
+    """One selection per layer made before drafting (vegas, vegas-all, specextend, stream).
 
-    def __init__(self, base: int, budget: int, per_layer: list[torch.Tensor], record_recall: bool = False):
-        self.base, self.budget, self.per_layer = base, budget, per_layer
+    `per_layer` is a list of [G, k] position tensors, or one [L, G, K] tensor of which the first
+    `budget` entries of every row are the set (the batched GPU selection hands out slices of one
+    padded tensor this way, and the kernel path reads `indices` without a per-layer copy)."""
+
+    def __init__(self, base: int, budget: int, per_layer, record_recall: bool = False):
+        self.base, self.budget = base, budget
+        if isinstance(per_layer, torch.Tensor):
+            self.indices, self._per_layer = per_layer, None
+        else:
+            self.indices, self._per_layer = None, per_layer
+        self.source = None     # (batch tensor [L, B, G, K], column) when made by the batched selection
         self._init_recall(record_recall)
+
+    @property
+    def per_layer(self) -> list[torch.Tensor]:
+        if self._per_layer is None:   # sliced on first use only: the kernel path never needs it
+            self._per_layer = [self.indices[i, :, :self.budget].long()
+                               for i in range(self.indices.shape[0])]
+        return self._per_layer
 
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.per_layer[layer]
 
+    def stacked(self, device) -> torch.Tensor:
+        """[L, G, K >= budget] int32 on `device` (built once and kept)."""
+        if self.indices is None or self.indices.device != torch.device(device) \
+                or self.indices.dtype != torch.int32:
+            src = self.indices if self.indices is not None else torch.stack(self.per_layer)
+            self.indices = src.to(device=device, dtype=torch.int32)
+        return self.indices
+
     def first_step_sets(self) -> list[torch.Tensor]:
         return self.per_layer
+
+
+class BlockQuestSelection(_RecallMixin):
+    """MagicDec-Quest on the kernel path: the pages are the KV pool's blocks, their key bounds live
+    beside the pool (`kernels.select.update_page_bounds`), and the backend scores the
+    `num_pages` complete pages below `base` from each draft query, batched over requests."""
+
+    def __init__(self, base: int, budget: int, page_size: int, granularity: str,
+                 record_recall: bool = False, keep_sets: bool = False):
+        self.base, self.budget = base, budget
+        self.page_size, self.granularity = page_size, granularity
+        self.num_pages = base // page_size
+        self.keep_sets = keep_sets          # traces want the first draft step's sets
+        self._first: dict[int, torch.Tensor] = {}
+        self._init_recall(record_recall)
+
+    def note_positions(self, layer: int, pos: torch.Tensor) -> None:
+        self._first.setdefault(layer, pos)
+
+    def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self._first[layer]
+
+    def first_step_sets(self) -> list[torch.Tensor]:
+        return [self._first[i] for i in sorted(self._first)]
 
 
 class QuestSelection(_RecallMixin):

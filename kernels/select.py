@@ -1,0 +1,368 @@
+"""Batched selection for a GPU engine step (issue 4, selection kernels): one call covers the whole
+batch for one layer. Triton kernels sit beside plain PyTorch references with the same signature;
+the torch-only steps (top-k, page bounds, Quest expansion) are batched tensor code, no per-request
+Python loop. Per request, every function agrees with the engine's own per-request maths in
+``vegas_core.spec.select`` (``select_from_logits``, ``quest_page_bounds``, ``quest_scores``,
+``quest_select``).
+
+Granularity (``vegas_core.spec.params.GRANULARITIES``): ``"layer"`` gives one set per request
+(``G = 1``, all ``H`` query heads in the group); ``"kv-head"`` one per KV head (``G = kv_heads``,
+group ``g`` holds query heads ``g*H/kv_heads .. (g+1)*H/kv_heads - 1``, the heads that read KV head
+``g``).
+
+Vegas / SpecExtend (softmax re-materialisation from collected verification logits):
+
+- ``selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity)``:
+  ``logits`` bf16 (or any float) ``[R, H, N]`` are the scaled pre-softmax scores of the ``R``
+  collected verification rows (``CollectedLogits.logits`` of ``verify_attention``), ``-inf`` where a
+  row could not see a key; ``lse`` float32 ``[R, H]`` each row's log-sum-exp over its whole context.
+  Request ``b`` owns rows ``row_start[b] .. row_start[b] + row_count[b] - 1`` (int32 ``[B]``,
+  ``row_count >= 1``; the rows need not be contiguous across requests nor cover all of ``R``) and
+  scores the positions ``< bases[b]`` (int32 ``[B]``, ``bases[b] <= N``). Returns float32
+  ``[B, G, N]``: the mean over the request's rows and the group's heads of ``exp(logit - lse)``,
+  ``-inf`` at positions ``>= bases[b]``. float32 maths throughout.
+- ``topk_positions(score, budgets)``: ``score [B, G, N]``, ``budgets`` int ``[B]`` with
+  ``0 <= budgets[b] <= bases[b]``. Returns ``(positions int32 [B, G, Kmax], counts int32 [B])``,
+  ``Kmax = max(budgets)`` (0 allowed): the first ``counts[b] = budgets[b]`` entries of each
+  ``[b, g]`` row are that row's top-``budgets[b]`` positions sorted ascending, the rest are 0
+  (padding). One ``torch.topk`` for the whole batch.
+
+Quest (page size == the pool's block size, so a Quest page IS a KV-pool block and its bounds live
+beside the pool, ``[num_blocks, KVH, d]`` per layer, indexed by physical block):
+
+- ``update_page_bounds(k_cache, kmin, kmax, blocks)``: ``k_cache [num_blocks, block_size, KVH, d]``
+  (one layer); writes ``kmin[blk] = min``, ``kmax[blk] = max`` element-wise over the block's entries
+  for each physical block in ``blocks`` (int64 ``[n]``; every entry of those blocks must be valid and
+  final, i.e. complete pages below the verified prefix). ``kmin, kmax`` have the cache's dtype
+  (min/max are exact, so they equal ``quest_page_bounds`` of the request's keys bit for bit).
+- ``quest_page_scores(q, kmin, kmax, block_tables, num_pages, granularity)``: ``q [B, H, d]`` one
+  draft row per request; ``block_tables`` int32 ``[B, max_blocks]``; ``num_pages`` int32 ``[B]``
+  complete pages below each request's base (logical page ``p`` = physical block
+  ``block_tables[b, p]``). Returns float32 ``[B, G, Pmax]``, ``Pmax = max(num_pages)`` (may be 0):
+  the Quest bound ``sum_{h in group} sum_d max(q[h,d] * kmax[blk, kvh(h), d],
+  q[h,d] * kmin[blk, kvh(h), d])``, ``-inf`` for ``p >= num_pages[b]``.
+- ``quest_positions(page_scores, num_pages, bases, budgets, page_size)``: per request the top
+  ``n_sel = min(num_pages[b], max(1, ceil(budgets[b] / page_size)))`` pages (0 when
+  ``num_pages[b] == 0``), expanded to ``page*page_size + [0, page_size)`` and sorted ascending,
+  followed by the partial tail ``[num_pages[b]*page_size, bases[b])`` (always kept; ``bases[b] >=
+  num_pages[b]*page_size``). Returns
+  ``(indices int32 [B, G, K], counts int32 [B])`` laid out like ``topk_positions``; per request the
+  same positions, in the same order, as ``quest_select``.
+
+Tolerances (tests/kernels/test_select.py): ``selection_scores`` Triton vs reference atol = 1e-6,
+rtol = 1e-5. Both read the same bf16 logits and compute ``exp`` in float32; they differ only in
+``exp``'s last-ulp rounding (the GPU's ``ex2.approx`` path: relative error ~|x| * 2^-23, about 1e-6
+for ``x = logit - lse`` near -10, whose weight ``exp(x) < 5e-5`` is then far under atol) and in the
+summation order of the rows*heads positive terms (at most 17 * 9 in the tests: worst-case relative
+error 153 * 2^-24 < 1e-5).
+``quest_page_scores`` Triton vs reference and vs ``quest_scores`` atol = rtol = 1e-4 (float32 sums of
+d products per head, then over the group's heads, in a different order). Top-k and Quest
+selections must be the same sets as the per-request engine functions; the test data keep the last
+chosen and the first rejected score more than twice these tolerances apart, so no choice can flip.
+
+Host syncs: output widths (``N`` is the logits' width; ``Kmax``, ``Pmax``, ``K`` are maxima of small
+int tensors) are read on the host once per call.
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional: the CPU engine path only needs the references.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where Triton is absent
+    triton = None
+    tl = None
+
+GRANULARITIES = ("layer", "kv-head")
+
+
+def _groups(granularity: str, heads: int, kv_heads: int) -> tuple[int, int]:
+    """(G, query heads per group)."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity must be one of {GRANULARITIES}, got {granularity!r}")
+    if kv_heads <= 0 or heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not split over {kv_heads} KV heads")
+    if granularity == "layer":
+        return 1, heads
+    return kv_heads, heads // kv_heads
+
+
+def _as_int_tensor(x, device) -> torch.Tensor:
+    return torch.as_tensor(x, device=device).to(torch.int64)
+
+
+# ------------------------------------------------------------------------------------------------
+# Vegas / SpecExtend: softmax re-materialisation from collected verification logits
+# ------------------------------------------------------------------------------------------------
+
+def selection_scores_reference(logits, lse, row_start, row_count, bases, kv_heads: int,
+                               granularity: str):
+    """Plain PyTorch, batched (see the module docstring); float32 maths as in
+    ``select_from_logits``."""
+    rows, heads, n = logits.shape
+    groups, per_group = _groups(granularity, heads, kv_heads)
+    device = logits.device
+    batch = row_start.shape[0]
+    out = torch.full((batch, groups, n), float("-inf"), dtype=torch.float32, device=device)
+    if batch == 0 or n == 0:
+        return out
+    w = torch.exp(logits.float() - lse.float()[..., None])                     # [R, H, N]
+    w = w.view(rows, groups, per_group, n).sum(2)                             # [R, G, N]
+    start, count = _as_int_tensor(row_start, device), _as_int_tensor(row_count, device)
+    # Gather each request's rows into a padded [B, max_rows] table (no per-request loop).
+    j = torch.arange(int(count.max()), device=device)[None, :]
+    present = j < count[:, None]                                              # [B, max_rows]
+    idx = torch.where(present, start[:, None] + j, 0)
+    total = (w[idx] * present[:, :, None, None]).sum(1)                       # [B, G, N]
+    score = total / (count * per_group).to(torch.float32)[:, None, None]
+    keep = torch.arange(n, device=device)[None, :] < _as_int_tensor(bases, device)[:, None]
+    return torch.where(keep[:, None, :], score, out)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
+                     s_lr, s_lh, s_ln, s_er, s_eh):
+        """Softmax weights of one collected row for the program's heads x positions, summed over
+        the heads: [BLOCK_N] float32."""
+        r64 = r.to(tl.int64)
+        lse = tl.load(lse_ptr + r64 * s_er + head * s_eh, mask=h_valid, other=0.0).to(tl.float32)
+        lg = tl.load(logits_ptr + r64 * s_lr + head[:, None] * s_lh
+                     + offs_n.to(tl.int64)[None, :] * s_ln,
+                     mask=h_valid[:, None] & n_valid[None, :], other=float("-inf"))
+        w = tl.exp(lg.to(tl.float32) - lse[:, None])
+        return tl.sum(w, axis=0)
+
+    @triton.jit
+    def _selection_scores_kernel(
+            logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr,
+            s_lr, s_lh, s_ln, s_er, s_eh, s_ob, s_og, s_on, n_keys,
+            PER_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+            INTERPRET: tl.constexpr):
+        """One program = one request x one group x BLOCK_N positions; loops over the request's
+        rows, all the group's heads at once (a BLOCK_H x BLOCK_N tile per row)."""
+        req = tl.program_id(0)
+        grp = tl.program_id(1)
+        tile = tl.program_id(2)
+        r0 = tl.load(start_ptr + req)
+        nr = tl.load(count_ptr + req)
+        base = tl.load(bases_ptr + req)
+
+        offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_h = tl.arange(0, BLOCK_H)
+        head = grp * PER_GROUP + offs_h
+        h_valid = offs_h < PER_GROUP
+        n_valid = (offs_n < base) & (offs_n < n_keys)
+        # A tile wholly at or past the base reads nothing: its rows loop is empty.
+        r_end = tl.where(tile * BLOCK_N < base, r0 + nr, r0)
+
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if INTERPRET:
+            # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
+            # (see verify_attention); a while loop evaluates the same.
+            r = r0
+            while r < r_end:
+                acc += _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
+                                    s_lr, s_lh, s_ln, s_er, s_eh)
+                r += 1
+        else:
+            for r in range(r0, r_end):
+                acc += _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
+                                    s_lr, s_lh, s_ln, s_er, s_eh)
+
+        score = acc / (nr * PER_GROUP).to(tl.float32)
+        score = tl.where(n_valid, score, float("-inf"))
+        dst = out_ptr + req.to(tl.int64) * s_ob + grp * s_og + offs_n.to(tl.int64) * s_on
+        tl.store(dst, score, mask=offs_n < n_keys)
+
+    @triton.jit
+    def _quest_page_scores_kernel(
+            q_ptr, kmin_ptr, kmax_ptr, tables_ptr, npages_ptr, out_ptr,
+            s_qb, s_qh, s_qd, s_nb, s_nh, s_nd, s_xb, s_xh, s_xd, s_tb, s_ob, s_og, s_op,
+            p_max,
+            KV_PER_GROUP: tl.constexpr, GQA: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_P: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One program = one request x one group x BLOCK_P pages: gathers each KV head's page
+        bounds through the block table once, then adds the bound of every query head reading it."""
+        req = tl.program_id(0)
+        grp = tl.program_id(1)
+        tile = tl.program_id(2)
+        n_pages = tl.load(npages_ptr + req)
+
+        offs_p = tile * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_d = tl.arange(0, BLOCK_D)
+        p_valid = offs_p < n_pages
+        d_valid = offs_d < HEAD_DIM
+        blk = tl.load(tables_ptr + req.to(tl.int64) * s_tb + offs_p, mask=p_valid, other=0)
+        blk = blk.to(tl.int64)
+        mask = p_valid[:, None] & d_valid[None, :]
+
+        acc = tl.zeros([BLOCK_P], dtype=tl.float32)
+        for j in range(KV_PER_GROUP):
+            kvh = grp * KV_PER_GROUP + j
+            kmn = tl.load(kmin_ptr + blk[:, None] * s_nb + kvh * s_nh + offs_d[None, :] * s_nd,
+                          mask=mask, other=0.0).to(tl.float32)
+            kmx = tl.load(kmax_ptr + blk[:, None] * s_xb + kvh * s_xh + offs_d[None, :] * s_xd,
+                          mask=mask, other=0.0).to(tl.float32)
+            for i in range(GQA):
+                head = kvh * GQA + i
+                qv = tl.load(q_ptr + req.to(tl.int64) * s_qb + head * s_qh + offs_d * s_qd,
+                             mask=d_valid, other=0.0).to(tl.float32)
+                acc += tl.sum(tl.maximum(qv[None, :] * kmx, qv[None, :] * kmn), axis=1)
+
+        acc = tl.where(p_valid, acc, float("-inf"))
+        tl.store(out_ptr + req.to(tl.int64) * s_ob + grp * s_og + offs_p * s_op, acc,
+                 mask=offs_p < p_max)
+
+
+def _interpreting() -> bool:
+    return bool(triton.knobs.runtime.interpret)
+
+
+def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
+                     block_n: int = 64):
+    """Triton version of ``selection_scores_reference`` (see the module docstring). Grid:
+    (request, group, ``block_n``-position tiles)."""
+    if triton is None:
+        raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
+    rows, heads, n = logits.shape
+    groups, per_group = _groups(granularity, heads, kv_heads)
+    batch = row_start.shape[0]
+    out = torch.empty(batch, groups, n, dtype=torch.float32, device=logits.device)
+    if batch == 0 or n == 0:
+        return out
+    _selection_scores_kernel[(batch, groups, triton.cdiv(n, block_n))](
+        logits, lse, out, row_start, row_count, bases,
+        *logits.stride(), *lse.stride(), *out.stride(), n,
+        PER_GROUP=per_group, BLOCK_H=triton.next_power_of_2(per_group), BLOCK_N=block_n,
+        INTERPRET=_interpreting())
+    return out
+
+
+def topk_positions(score, budgets, k_max: int | None = None):
+    """Top ``budgets[b]`` positions of each ``[b, g]`` row, sorted ascending, padded with 0 to
+    ``max(budgets)`` (see the module docstring). One topk and one sort for the whole batch.
+    ``k_max``: ``max(budgets)`` when the caller knows it, saving a device-to-host read."""
+    budgets = _as_int_tensor(budgets, score.device)
+    if k_max is None:
+        k_max = int(budgets.max()) if score.shape[0] else 0
+    return _topk_sorted(score, budgets, k_max), budgets.to(torch.int32)
+
+
+def _topk_sorted(score, budgets, k_max: int):
+    """``topk_positions``'s positions, with ``k_max = max(budgets)`` already on the host."""
+    batch, groups, n = score.shape
+    if k_max > n:
+        raise ValueError(f"a budget of {k_max} exceeds the {n} scored positions")
+    if k_max == 0:
+        return torch.zeros(batch, groups, 0, dtype=torch.int32, device=score.device)
+    idx = torch.topk(score, k_max, dim=-1, sorted=True).indices                # best first
+    keep = torch.arange(k_max, device=score.device)[None, None, :] < budgets[:, None, None]
+    idx = torch.sort(torch.where(keep, idx, n), dim=-1).values                 # padding (n) last
+    return torch.where(keep, idx, 0).to(torch.int32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Quest: page bounds beside the pool, page scores, page -> position expansion
+# ------------------------------------------------------------------------------------------------
+
+def update_page_bounds(k_cache, kmin, kmax, blocks) -> None:
+    """In place: ``kmin[blk], kmax[blk]`` = element-wise min / max over physical block ``blk``'s
+    entries, for every ``blk`` in ``blocks`` (see the module docstring)."""
+    blocks = torch.as_tensor(blocks, device=k_cache.device).long()
+    if blocks.numel() == 0:
+        return
+    keys = k_cache.index_select(0, blocks)                                    # [n, bs, KVH, d]
+    kmin.index_copy_(0, blocks, keys.amin(1).to(kmin.dtype))
+    kmax.index_copy_(0, blocks, keys.amax(1).to(kmax.dtype))
+
+
+def quest_page_scores_reference(q, kmin, kmax, block_tables, num_pages, granularity: str):
+    """Plain PyTorch, batched (see the module docstring); float32 maths as in ``quest_scores``."""
+    batch, heads, dim = q.shape
+    kv_heads = kmin.shape[1]
+    groups, _ = _groups(granularity, heads, kv_heads)
+    gqa = heads // kv_heads
+    device = q.device
+    num_pages = _as_int_tensor(num_pages, device)
+    p_max = int(num_pages.max()) if batch else 0
+    if p_max == 0:
+        return torch.empty(batch, groups, 0, dtype=torch.float32, device=device)
+    valid = torch.arange(p_max, device=device)[None, :] < num_pages[:, None]  # [B, P]
+    blk = torch.where(valid, block_tables[:, :p_max].long(), 0)
+    mn, mx = kmin[blk].float(), kmax[blk].float()                              # [B, P, KVH, d]
+    qf = q.float().view(batch, 1, kv_heads, gqa, dim)
+    bound = torch.maximum(qf * mx[:, :, :, None, :], qf * mn[:, :, :, None, :]).sum(-1)
+    if groups == 1:                                                            # [B, P, KVH, GQA]
+        agg = bound.reshape(batch, p_max, heads).sum(-1)[:, None, :]
+    else:
+        agg = bound.sum(-1).transpose(1, 2)                                    # [B, KVH, P]
+    return torch.where(valid[:, None, :], agg, float("-inf"))
+
+
+def quest_page_scores(q, kmin, kmax, block_tables, num_pages, granularity: str,
+                      block_p: int = 16, p_max: int | None = None):
+    """Triton version of ``quest_page_scores_reference`` (see the module docstring). Grid:
+    (request, group, ``block_p``-page tiles). ``p_max``: ``max(num_pages)`` when the caller knows
+    it (no device-to-host read)."""
+    if triton is None:
+        raise RuntimeError("quest_page_scores needs Triton; use quest_page_scores_reference")
+    batch, heads, dim = q.shape
+    kv_heads = kmin.shape[1]
+    groups, _ = _groups(granularity, heads, kv_heads)
+    if p_max is None:
+        p_max = int(num_pages.max()) if batch else 0
+    out = torch.empty(batch, groups, p_max, dtype=torch.float32, device=q.device)
+    if p_max == 0:
+        return out
+    _quest_page_scores_kernel[(batch, groups, triton.cdiv(p_max, block_p))](
+        q, kmin, kmax, block_tables, num_pages, out,
+        *q.stride(), *kmin.stride(), *kmax.stride(), block_tables.stride(0), *out.stride(),
+        p_max,
+        KV_PER_GROUP=kv_heads // groups, GQA=heads // kv_heads, HEAD_DIM=dim,
+        BLOCK_P=block_p, BLOCK_D=max(16, triton.next_power_of_2(dim)))
+    return out
+
+
+def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
+                    sizes: tuple[int, int] | None = None):
+    """Top pages expanded to positions plus the always-kept partial tail, batched (see the module
+    docstring). ``sizes``: ``(max(counts), max(selected pages))`` when the caller knows them (see
+    `quest_sizes`), saving the one device-to-host read."""
+    batch, groups, p_max = page_scores.shape
+    device = page_scores.device
+    num_pages = _as_int_tensor(num_pages, device)
+    bases = _as_int_tensor(bases, device)
+    budgets = _as_int_tensor(budgets, device)
+    n_sel = torch.minimum(num_pages, ((budgets + page_size - 1) // page_size).clamp(min=1))
+    tail_start = num_pages * page_size
+    n_top = n_sel * page_size                                                  # [B]
+    counts = n_top + (bases - tail_start)
+    if sizes is not None:
+        k, s_max = sizes
+    else:
+        k, s_max = torch.stack([counts.max(), n_sel.max()]).tolist() if batch else (0, 0)  # one sync
+    if k == 0:
+        return (torch.zeros(batch, groups, 0, dtype=torch.int32, device=device),
+                counts.to(torch.int32))
+    j = torch.arange(k, device=device)[None, None, :]                          # [1, 1, K]
+    if s_max > 0:
+        pages = _topk_sorted(page_scores, n_sel, s_max)                       # [B, G, s_max]
+        offs = torch.arange(page_size, device=device, dtype=torch.int32)
+        pos = (pages[..., None] * page_size + offs).flatten(2)                 # ascending
+        top = pos.gather(2, j.clamp(max=pos.shape[-1] - 1).expand(batch, groups, k))
+    else:
+        top = torch.zeros(batch, groups, k, dtype=torch.int32, device=device)
+    tail = tail_start[:, None, None] + (j - n_top[:, None, None])
+    out = torch.where(j < n_top[:, None, None], top.long(), tail)
+    out = torch.where(j < counts[:, None, None], out, 0)
+    return out.to(torch.int32), counts.to(torch.int32)
+
+
+def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page_size: int):
+    """``quest_positions``'s output sizes from host-side lists: (max count, max selected pages)."""
+    n_sel = [min(p, max(1, -(-b // page_size))) for p, b in zip(num_pages, budgets)]
+    counts = [n * page_size + (base - p * page_size) for n, p, base in zip(n_sel, num_pages, bases)]
+    return max(counts, default=0), max(n_sel, default=0)

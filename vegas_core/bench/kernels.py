@@ -1,0 +1,279 @@
+"""`python -m vegas_core.bench kernels`: the Triton kernels' time and bandwidth on the GPU, beside
+the measured copy bandwidth and torch SDPA on the same dense work.
+
+Every kernel runs on random bf16 data in a paged pool with shuffled block tables (never zeros),
+after its output was checked against the PyTorch reference on a small case. Times are the median
+of `triton.testing.do_bench` (CUDA events, warm-up first). `read_TBps` = the bytes a kernel must
+read (the K/V entries it attends, plus the logits the selection reads) / time; `copy_TBps` = a
+1 GiB device-to-device copy, counting bytes read plus written, measured in the same run.
+
+Records:
+- verify_attention: `q_rows` rows per request, collect none / c2q / all; `sdpa_us` is torch SDPA
+  (`enable_gqa`, cuDNN backend when it takes the shape, else whichever torch picks; `sdpa_backend`
+  says which) over the same K/V stored contiguously, so it pays no paging;
+- the collection sweep (the paper's Figure 6): q_rows 2..16 at one shape, c2q and all-row overhead
+  relative to no collection;
+- sparse_attention: a `sparsity` budget of random positions per (request, KV head) plus a tail of
+  `q_rows` entries; bytes = the gathered entries;
+- selection: one whole model step (all layers): softmax re-materialisation + mean
+  (`selection_scores`) and `topk_positions` over c2q logits, per layer, as the engine runs it;
+- quest_page_scores: one layer, one draft step.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+
+import torch
+
+from . import common
+
+SHAPES = {  # name: (query heads, KV heads, head dim, layers)
+    "smollm2": (9, 3, 64, 30),
+    "8b": (32, 8, 128, 32),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES),
+                   help="head shapes: smollm2 (9/3/64) and 8b (32/8/128) (default: both)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64, 128])
+    p.add_argument("--context", type=int, nargs="+", default=[1024, 4096, 8192, 32768])
+    p.add_argument("--q-rows", type=int, default=8, help="verification rows per request (default: 8)")
+    p.add_argument("--sweep-rows", type=int, nargs="+", default=[2, 4, 8, 12, 16],
+                   help="rows of the collection sweep (default: 2 4 8 12 16)")
+    p.add_argument("--sweep-shape", default="64x8192", help="batch x context of the sweep and the "
+                   "selection step (default: 64x8192)")
+    p.add_argument("--sparsity", type=float, default=0.07, help="sparse_attention budget (default: 0.07)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-kv-gb", type=float, default=40.0,
+                   help="skip shapes whose paged K+V exceed this (default: 40)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
+
+
+def _bench(fn) -> float:
+    """Median microseconds of fn() (CUDA events)."""
+    import triton
+    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def copy_bandwidth(device) -> float:
+    """TB/s of a 1 GiB device-to-device copy, bytes read plus written."""
+    src = torch.randn(1 << 28, device=device)          # 1 GiB of float32
+    dst = torch.empty_like(src)
+    us = _bench(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (us * 1e-6) / 1e12
+
+
+def paged_case(batch, context, kv_heads, dim, block_size, device, dtype=torch.bfloat16, seed=0):
+    """A pool holding `batch` requests of `context` tokens in shuffled pages."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    per = math.ceil(context / block_size)
+    num_blocks = batch * per
+    perm = torch.randperm(num_blocks, generator=g)
+    tables = perm.view(batch, per).to(torch.int32).to(device)
+    k = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
+    v = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
+    ctx = torch.full((batch,), context, dtype=torch.int32, device=device)
+    return k, v, tables, ctx
+
+
+def _check_verify(device) -> None:
+    from kernels.verify_attention import verify_attention, verify_attention_reference
+    heads, kvh, dim = 8, 2, 64
+    k, v, tables, _ = paged_case(3, 300, kvh, dim, 16, device, seed=1)
+    ctx = torch.tensor([300, 123, 77], dtype=torch.int32, device=device)
+    loc = torch.tensor([0, 8, 9, 12], dtype=torch.int32, device=device)
+    q = torch.randn(12, heads, dim, device=device, dtype=torch.bfloat16)
+    args = (q, k, v, tables, ctx, loc, dim ** -0.5)
+    ref, ref_lse, _ = verify_attention_reference(*args)
+    for splits in (1, 3):
+        out, lse, _ = verify_attention(*args, num_splits=splits)
+        err = float((out.float() - ref.float()).norm() / ref.float().norm())
+        if not err < 1e-2 or not torch.allclose(lse, ref_lse, atol=1e-2):
+            raise RuntimeError(f"verify_attention disagrees with its reference (rel. error {err:.2e})")
+
+
+def _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim):
+    """torch SDPA over the same dense work, K/V contiguous per request: (us, backend)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kd = k[tables.long()].reshape(batch, -1, kvh, dim)[:, :context].transpose(1, 2).contiguous()
+    vd = v[tables.long()].reshape(batch, -1, kvh, dim)[:, :context].transpose(1, 2).contiguous()
+    q = torch.randn(batch, heads, q_rows, dim, device=k.device, dtype=k.dtype)
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION),
+                          ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel(backend):
+                F.scaled_dot_product_attention(q, kd, vd, enable_gqa=True)
+                torch.cuda.synchronize()
+
+                def run():
+                    with sdpa_kernel(backend):
+                        F.scaled_dot_product_attention(q, kd, vd, enable_gqa=True)
+                return _bench(run), name
+        except RuntimeError:
+            continue
+    return None, None
+
+
+def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps, with_sdpa=True):
+    from kernels.verify_attention import verify_attention
+    heads, kvh, dim, _ = SHAPES[shape]
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
+    loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
+    kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
+    base = dict(shape=shape, batch=batch, context=context, q_rows=q_rows, heads=heads,
+                kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps)
+    sdpa_us, backend = _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim) if with_sdpa else (None, None)
+    records, none_us = [], None
+    for collect in ("none", "c2q", "all"):
+        us = _bench(lambda: verify_attention(q, k, v, tables, ctx, loc, dim ** -0.5, collect=collect,
+                                             max_ctx=context, max_q=q_rows))
+        none_us = us if collect == "none" else none_us
+        rows = {"none": 0, "c2q": min(2, q_rows), "all": q_rows}[collect]
+        logit_bytes = batch * rows * heads * context * 2
+        rec = dict(kernel="verify_attention", collect=collect, us=us, read_TBps=kv_bytes / (us * 1e-6) / 1e12,
+                   kv_bytes=kv_bytes, logit_bytes_written=logit_bytes,
+                   copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy_tbps,
+                   collect_overhead=us / none_us - 1 if collect != "none" else 0.0,
+                   sdpa_us=sdpa_us, sdpa_backend=backend,
+                   vs_sdpa=sdpa_us / us if sdpa_us else None, **base)
+        records.append(rec)
+    del k, v
+    torch.cuda.empty_cache()
+    return records
+
+
+def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps):
+    from kernels.sparse_attention import sparse_attention
+    heads, kvh, dim, _ = SHAPES[shape]
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    base = context - tail
+    budget = max(1, math.ceil(sparsity * base))
+    score = torch.rand(batch, kvh, base, device=device)
+    idx = torch.topk(score, budget, dim=-1).indices.sort(dim=-1).values.to(torch.int32)
+    counts = torch.full((batch,), budget, dtype=torch.int32, device=device)
+    tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
+    q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
+    us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5))
+    gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
+    tbps = gathered / (us * 1e-6) / 1e12
+    del k, v
+    torch.cuda.empty_cache()
+    return dict(kernel="sparse_attention", shape=shape, batch=batch, context=context, q_rows=1,
+                heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
+                budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
+                gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps)
+
+
+def selection_record(shape, batch, context, q_rows, device, copy_tbps):
+    """One model step's selection (every layer) from c2q logits, as the engine runs it."""
+    from kernels.select import selection_scores, topk_positions
+    heads, kvh, dim, layers = SHAPES[shape]
+    rows = 2 * batch
+    logits = (torch.randn(rows, heads, context, device=device) * 3).to(torch.bfloat16)
+    lse = torch.logsumexp(logits.float(), dim=-1)
+    row_start = torch.arange(0, rows, 2, dtype=torch.int32, device=device)
+    row_count = torch.full((batch,), 2, dtype=torch.int32, device=device)
+    bases = torch.full((batch,), context - q_rows, dtype=torch.int32, device=device)
+    budgets = torch.full((batch,), math.ceil(0.07 * (context - q_rows)), dtype=torch.int32, device=device)
+    out = {}
+    for gran in ("layer", "kv-head"):
+        def step():
+            for _ in range(layers):
+                s = selection_scores(logits, lse, row_start, row_count, bases, kvh, gran)
+                topk_positions(s, budgets)
+        score_us = _bench(lambda: selection_scores(logits, lse, row_start, row_count, bases, kvh, gran))
+        s = selection_scores(logits, lse, row_start, row_count, bases, kvh, gran)
+        topk_us = _bench(lambda: topk_positions(s, budgets))
+        out[gran] = dict(step_us=_bench(step), score_us_per_layer=score_us, topk_us_per_layer=topk_us)
+    logit_bytes = rows * heads * context * 2
+    return dict(kernel="selection", shape=shape, batch=batch, context=context, q_rows=2, heads=heads,
+                kv_heads=kvh, head_dim=dim, layers=layers, collect="c2q",
+                us=out["layer"]["step_us"], per_granularity=out,
+                read_TBps=layers * logit_bytes / (out["layer"]["step_us"] * 1e-6) / 1e12,
+                copy_TBps=copy_tbps)
+
+
+def quest_record(shape, batch, context, block_size, device, copy_tbps):
+    from kernels.select import quest_page_scores, quest_positions
+    heads, kvh, dim, _ = SHAPES[shape]
+    pages = context // block_size
+    num_blocks = batch * pages
+    tables = torch.randperm(num_blocks).view(batch, pages).to(torch.int32).to(device)
+    kmin = torch.randn(num_blocks, kvh, dim, device=device, dtype=torch.bfloat16)
+    kmax = kmin + torch.rand_like(kmin)
+    q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
+    num_pages = torch.full((batch,), pages, dtype=torch.int32, device=device)
+    bases = num_pages * block_size
+    budgets = torch.full((batch,), math.ceil(0.07 * context), dtype=torch.int32, device=device)
+    us = _bench(lambda: quest_page_scores(q, kmin, kmax, tables, num_pages, "layer"))
+    s = quest_page_scores(q, kmin, kmax, tables, num_pages, "layer")
+    pos_us = _bench(lambda: quest_positions(s, num_pages, bases, budgets, block_size))
+    read = 2 * num_blocks * kvh * dim * 2
+    return dict(kernel="quest_page_scores", shape=shape, batch=batch, context=context, q_rows=1,
+                heads=heads, kv_heads=kvh, head_dim=dim, collect="none", us=us,
+                read_TBps=read / (us * 1e-6) / 1e12, quest_positions_us=pos_us, copy_TBps=copy_tbps)
+
+
+def run(args, argv: list[str]) -> str:
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        from ..errors import InvalidRequestError
+        raise InvalidRequestError("the kernel benchmark needs a CUDA GPU (the kernels' CPU check is "
+                                  "the test suite, under TRITON_INTERPRET=1)")
+    torch.manual_seed(0)
+    _check_verify(device)
+    copy_tbps = copy_bandwidth(device)
+    sweep_b, sweep_ctx = (int(x) for x in args.sweep_shape.split("x"))
+    records = []
+    grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
+    bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
+    for shape, batch, context in grid:
+        heads, kvh, dim, _ = SHAPES[shape]
+        if 2 * batch * context * kvh * dim * 2 > args.max_kv_gb * 1e9:
+            bar.update(1)
+            continue
+        records += verify_records(shape, batch, context, args.q_rows, args.block_size, device, copy_tbps,
+                                  with_sdpa=True)
+        records.append(sparse_record(shape, batch, context, args.sparsity, args.q_rows, args.block_size,
+                                     device, copy_tbps))
+        records.append(quest_record(shape, batch, context, args.block_size, device, copy_tbps))
+        bar.update(1)
+    for shape in args.shapes:
+        for rows in args.sweep_rows:
+            for rec in verify_records(shape, sweep_b, sweep_ctx, rows, args.block_size, device, copy_tbps,
+                                      with_sdpa=False):
+                rec["sweep"] = "collect_rows"
+                records.append(rec)
+        bar.update(1)
+        records.append(selection_record(shape, sweep_b, sweep_ctx, args.q_rows, device, copy_tbps))
+        bar.update(1)
+    bar.close()
+    path = common.write_results("kernels", args.out, device, argv, records, copy_TBps=copy_tbps,
+                                notes="bf16 K/V; verify q_rows rows per request; times are medians "
+                                      "of triton.testing.do_bench")
+    _print(records, copy_tbps, device)
+    print(f"wrote {path}")
+    return path
+
+
+def _print(records, copy_tbps, device) -> None:
+    cols = ["kernel", "shape", "batch", "context", "rows", "collect", "us", "TB/s", "of copy", "SDPA us",
+            "SDPA/ours", "overhead"]
+    rows = []
+    for r in records:
+        if r.get("sweep"):
+            continue
+        rows.append([r["kernel"], r["shape"], r["batch"], r["context"], r["q_rows"], r["collect"], r["us"],
+                     r["read_TBps"], r.get("copy_fraction"), r.get("sdpa_us"), r.get("vs_sdpa"),
+                     r.get("collect_overhead")])
+    common.print_table(f"kernels: {common.device_description(device)}, copy {copy_tbps:.2f} TB/s", cols, rows)
+    sweep = [r for r in records if r.get("sweep")]
+    rows = [[r["shape"], r["q_rows"], r["collect"], r["us"], r["collect_overhead"]] for r in sweep]
+    common.print_table("collection overhead vs rows (Figure 6)", ["shape", "rows", "collect", "us", "overhead"],
+                       rows)

@@ -1,0 +1,89 @@
+"""The selection step for a whole batch on the kernel path (the per-request `policy.build_selection`
+does the same one request at a time on the reference path).
+
+Verification-guided methods (vegas, vegas-all, specextend) score every layer of every request in
+one `kernels.select.selection_scores` call per (layer, granularity), then one batched top-k;
+Quest's page bounds are brought up to date for the pages that became complete and verified;
+stream's fixed positions need no model data."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.select import selection_scores, topk_positions
+
+from ..attention.metadata import LogitCollector
+from .params import VERIFICATION_GUIDED
+from .policy import build_selection
+from .views import BlockQuestSelection, FixedSelection
+
+
+@dataclass
+class SelectItem:
+    seq_index: int        # the request's index in the verification batch (collector key)
+    request: object
+    base: int             # where the verification started: the selection covers [0, base)
+    num_accepted: int
+
+
+def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers: int,
+                 kv_heads: int, device, page_bounds, block_table, keep_sets: bool) -> dict[int, object]:
+    """New selections by request id. `block_table(request_id)` gives a request's physical blocks;
+    `keep_sets`: Quest views keep their first draft step's sets (traces)."""
+    out: dict[int, object] = {}
+    guided: dict[str, list[SelectItem]] = {}
+    quest_blocks: list[int] = []
+    for it in items:
+        spec = it.request.spec
+        if spec.method in VERIFICATION_GUIDED:
+            guided.setdefault(spec.granularity, []).append(it)
+        elif spec.method == "quest":
+            out[it.request.request_id] = _quest_view(it, page_bounds, block_table, quest_blocks,
+                                                      keep_sets)
+        else:   # stream: positions only
+            out[it.request.request_id] = build_selection(spec, it.base, num_layers, kv_heads, None,
+                                                         None, it.num_accepted, None, None)
+    page_bounds.update(quest_blocks)
+    for granularity, group in guided.items():
+        out.update(_guided(group, granularity, collector, num_layers, kv_heads, device))
+    return out
+
+
+def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector, num_layers: int,
+            kv_heads: int, device) -> dict[int, FixedSelection]:
+    starts, counts, bases, budgets = [], [], [], []
+    for it in group:
+        rows = collector.rows_of[it.seq_index]
+        if it.request.spec.method == "specextend":
+            rows = [rows[it.num_accepted]]      # the last accepted token's row only
+        starts.append(rows[0])
+        counts.append(len(rows))
+        bases.append(it.base)
+        budgets.append(it.request.spec.budget(it.base))
+    as_dev = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+    row_start, row_count, base_t, budget_t = map(as_dev, (starts, counts, bases, budgets))
+    per_layer = []
+    for layer in range(num_layers):
+        logits, lse = collector.batched[layer]
+        score = selection_scores(logits, lse, row_start, row_count, base_t, kv_heads, granularity)
+        positions, _ = topk_positions(score, budget_t, k_max=max(budgets))
+        per_layer.append(positions)
+    stacked = torch.stack(per_layer)                        # [L, B, G, K]
+    sel = {}
+    for j, it in enumerate(group):
+        view = FixedSelection(it.base, budgets[j], stacked[:, j], it.request.spec.record_recall)
+        view.source = (stacked, j)     # lets the next draft batch use `stacked` without copying
+        sel[it.request.request_id] = view
+    return sel
+
+
+def _quest_view(it: SelectItem, page_bounds, block_table, blocks_out: list[int], keep_sets: bool):
+    spec, cache = it.request.spec, it.request.policy_cache
+    full = it.base // spec.page_size
+    done = cache.get("pages", 0)
+    if full > done:
+        blocks_out.extend(block_table(it.request.request_id)[done:full])
+        cache["pages"] = full
+    return BlockQuestSelection(it.base, spec.budget(it.base), spec.page_size, spec.granularity,
+                               spec.record_recall, keep_sets)
