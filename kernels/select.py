@@ -366,3 +366,17 @@ def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page
     n_sel = [min(p, max(1, -(-b // page_size))) for p, b in zip(num_pages, budgets)]
     counts = [n * page_size + (base - p * page_size) for n, p, base in zip(n_sel, num_pages, bases)]
     return max(counts, default=0), max(n_sel, default=0)
+
+
+def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, kv_heads: int,
+                  granularity: str):
+    """A whole model step's selection: ``collected`` is one ``(logits [R, H, N], lse [R, H])``
+    pair per layer (all with the same N); returns int32 ``[L, B, G, k_max]``, per (layer,
+    request, group) the top ``budgets[b]`` positions ascending (padding 0). The scores of every
+    layer go through one top-k, so the per-call cost is paid once per step, not once per layer."""
+    scores = torch.stack([selection_scores(lg, ls, row_start, row_count, bases, kv_heads, granularity)
+                          for lg, ls in collected])                          # [L, B, G, N]
+    layers, batch, groups, n = scores.shape
+    budgets = _as_int_tensor(budgets, scores.device)
+    pos = _topk_sorted(scores.view(layers * batch, groups, n), budgets.repeat(layers), k_max)
+    return pos.view(layers, batch, groups, k_max)

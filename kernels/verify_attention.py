@@ -62,6 +62,8 @@ def collected_rows(q_start_loc: torch.Tensor, collect, total: int | None = None)
         return rows_t
     if collect not in COLLECT_MODES:
         raise ValueError(f"collect must be one of {COLLECT_MODES} or a list of rows, got {collect!r}")
+    if collect == "none":
+        return torch.empty(0, dtype=torch.long)      # without reading q_start_loc from the device
     starts = q_start_loc.cpu().tolist()
     rows: list[int] = []
     for a, b in zip(starts[:-1], starts[1:]):

@@ -314,3 +314,24 @@ def test_quest_no_complete_page_anywhere():
     assert idx[0].tolist() == [[0, 1, 2, 0, 0]] * 3 and idx[1].tolist() == [[0, 1, 2, 3, 4]] * 3
     idx, counts = quest_positions(scores, _i32([0, 0]), _i32([0, 0]), _i32([0, 0]), 8)
     assert counts.tolist() == [0, 0] and idx.shape == (2, 3, 0)
+
+
+def test_select_layers_equals_per_layer_selection():
+    """One top-k over every layer's scores = each layer's own selection_scores + topk_positions."""
+    from kernels.select import select_layers, selection_scores, topk_positions
+    g = torch.Generator().manual_seed(11)
+    rows, heads, kvh, n = 5, 6, 3, 40
+    collected = []
+    for _ in range(3):
+        lg = (torch.randperm(rows * heads * n, generator=g).float() / 64).view(rows, heads, n)
+        collected.append((lg.to(torch.bfloat16).to(DEVICE), torch.logsumexp(lg, -1).to(DEVICE)))
+    start = torch.tensor([0, 2, 3], dtype=torch.int32, device=DEVICE)
+    count = torch.tensor([2, 1, 2], dtype=torch.int32, device=DEVICE)
+    bases = torch.tensor([40, 17, 30], dtype=torch.int32, device=DEVICE)
+    budgets = torch.tensor([9, 0, 30], dtype=torch.int32, device=DEVICE)
+    for gran in ("layer", "kv-head"):
+        got = select_layers(collected, start, count, bases, budgets, 30, kvh, gran)
+        for layer, (lg, ls) in enumerate(collected):
+            want, _ = topk_positions(selection_scores(lg, ls, start, count, bases, kvh, gran), budgets)
+            for b, k in enumerate(budgets.tolist()):
+                assert torch.equal(got[layer, b, :, :k], want[b, :, :k]), (gran, layer, b)

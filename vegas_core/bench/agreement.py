@@ -34,7 +34,7 @@ PROMPTS = [
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_model_arguments(p)
-    p.add_argument("--gen-tokens", type=int, default=96, help="tokens per prompt (default: 96)")
+    p.add_argument("--gen-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many (default: {len(PROMPTS)})")
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--sparsity", type=float, default=0.1)
@@ -90,12 +90,14 @@ def run(args, argv: list[str]) -> str:
                             sparsity=spec.sparsity if spec.speculative else None,
                             exact_match_rate=sum(same) / len(same), vs_vanilla_rate=sum(lossless) / len(lossless),
                             divergences=gaps))
+        # Written after every method, so a run stopped early still leaves what it measured.
+        path = common.write_results(
+            "agreement", args.out, kernel.device, argv, records, model=kernel.source,
+            model_name=kernel.config.name, dtype=str(kernel.dtype).replace("torch.", ""),
+            prompts=len(prompts), gen_tokens=args.gen_tokens, sampling="greedy (temperature 0), ignore_eos",
+            complete=len(records) == len(specs))
         bar.update(1)
     bar.close()
-    path = common.write_results(
-        "agreement", args.out, kernel.device, argv, records, model=kernel.source, model_name=kernel.config.name,
-        dtype=str(kernel.dtype).replace("torch.", ""), prompts=len(prompts), gen_tokens=args.gen_tokens,
-        sampling="greedy (temperature 0), ignore_eos")
     rows = [[r["method"], r["granularity"] or "-", r["exact_match_rate"], r["vs_vanilla_rate"], len(r["divergences"]),
              max((abs(d["logit_gap"]) for d in r["divergences"]), default=None)] for r in records]
     common.print_table(f"kernel path vs reference path: {common.device_description(kernel.device)}, "
