@@ -309,25 +309,29 @@ def _sm_count() -> int:
 
 def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | None = None,
                        min_split: int = 512) -> int:
-    """Flash-decoding's split of the context: enough (request, KV head, split) programs to give
-    every SM about four, but no split shorter than `min_split` keys (the merge and the partial
-    writes would then cost more than the parallelism gains). Depends only on the batch's shape, so
-    a collecting and a non-collecting call split alike and their outputs stay bit-identical."""
+    """Flash-decoding's split of the context: about eight (request, KV head, split) programs per
+    SM, but no split shorter than `min_split` keys (the merge and the partial writes would then
+    cost more than the parallelism gains). Eight per SM is what the H200 tuning sweep picked at
+    batch 64 x 8K (bench/results/kernels-2026-11-30-h200.json: 6 splits for SmolLM2's 3 KV heads,
+    2 for an 8B's 8). Depends only on the batch's shape, so a collecting and a non-collecting call
+    split alike and their outputs stay bit-identical."""
     if num_sms is None:
         num_sms = _sm_count()
     programs = max(1, batch * kv_heads)
-    want = -(-4 * num_sms // programs)
+    want = max(1, round(8 * num_sms / programs))
     return max(1, min(want, -(-max_ctx // min_split), 64))
 
 
 def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
-                     scale: float, collect: str = "none", block_n: int = 32,
+                     scale: float, collect: str = "none", block_n: int = 128,
                      num_splits: int | None = None, max_ctx: int | None = None,
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int = 4, num_stages: int = 2):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
-    ``block_n`` keys per tile is independent of the pool's page size. ``num_splits`` splits each
+    ``block_n`` keys per tile is independent of the pool's page size; 128 keys, 4 warps and 2
+    pipeline stages were the fastest of 24 configurations on the H200 for both head shapes
+    (bench/results/kernels-2026-11-30-h200.json, `sweep: tune`). ``num_splits`` splits each
     request's context into that many equal ranges processed by separate programs and merged
     (flash-decoding); None picks `default_num_splits`.
 

@@ -93,8 +93,9 @@ def test_block_size_and_tile_independent():
 
 
 def test_default_split_count():
-    """Enough programs to fill the SMs, never a split shorter than 512 keys, never more than 64."""
+    """About eight programs per SM, never a split shorter than 512 keys, never more than 64."""
     assert default_num_splits(64, 8, 8192, num_sms=132) == 2      # 512 programs -> 2 per (req, head)
+    assert default_num_splits(64, 3, 8192, num_sms=132) == 6      # the tuned SmolLM2 shape
     assert default_num_splits(1, 3, 8192, num_sms=132) == 16      # capped by 8192 / 512
     assert default_num_splits(1, 3, 300, num_sms=132) == 1        # too short to split
     assert default_num_splits(128, 8, 32768, num_sms=132) == 1

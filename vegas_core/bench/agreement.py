@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gamma", type=int, default=6)
     p.add_argument("--sparsity", type=float, default=0.1)
     p.add_argument("--min-budget", type=int, default=16)
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="method[/granularity] to compare (default: vanilla and every method at both "
+                        "granularities)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -67,6 +70,9 @@ def run(args, argv: list[str]) -> str:
     specs = [SpecParams(method="vanilla")] + [
         SpecParams(method=m, gamma=args.gamma, sparsity=args.sparsity, min_budget=args.min_budget, granularity=g)
         for m in ("stream", "quest", "specextend", "vegas", "vegas-all") for g in ("layer", "kv-head")]
+    if args.methods:
+        wanted = {m if "/" in m else f"{m}/layer" for m in args.methods} | {"vanilla/layer"}
+        specs = [s for s in specs if f"{s.method}/{s.granularity}" in wanted]
     records, vanilla = [], None
     bar = common.progress_bar(len(specs), "agreement")
     for spec in specs:
