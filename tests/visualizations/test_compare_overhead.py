@@ -49,6 +49,9 @@ def test_overhead_from_results_file(tmp_path):
         for collect, us in (("none", 100.0), ("first_last", 102.0), ("all", 100.0 + 5 * rows)):
             recs.append(dict(kernel="verify_attention", batch=64, context=8192, q_rows=rows, heads=9, kv_heads=3,
                              head_dim=64, collect=collect, us=us, read_TBps=3.5))
+    # A tuning trial at the same shape (another tile size, slower) is not part of the curve.
+    recs.append(dict(kernel="verify_attention", sweep="tune", batch=64, context=8192, q_rows=16, heads=9,
+                     kv_heads=3, head_dim=64, collect="none", us=500.0))
     (tmp_path / "kernels-2026-01-02-H200.json").write_text(json.dumps({"device": "NVIDIA H200", "records": recs}))
     (tmp_path / "kernels-broken-x.json").write_text("{not json")
     [res] = load_kernel_results(tmp_path)
