@@ -102,8 +102,10 @@ class Handle:
 
 class EngineWorker:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
-                 max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None):
+                 max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None,
+                 attention: str = "auto"):
         self.model, self.device, self.dtype = model, device, dtype
+        self.attention = attention
         self.max_num_seqs = max_num_seqs
         self.stale_after_s = stale_after_s
         self._factory = engine_factory
@@ -166,7 +168,8 @@ class EngineWorker:
                 from vegas_core.engine import Engine
                 from vegas_core.engine_core import EngineOptions
                 self.engine = Engine(self.model, self.device, self.dtype,
-                                     options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs))
+                                     options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs,
+                                                           attention=self.attention))
             self.load_time_s = time.monotonic() - self.load_started
             self.state = "ready"
         except Exception as e:  # a bad --model path must show in the UI, not kill the server

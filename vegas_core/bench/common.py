@@ -197,3 +197,5 @@ def add_model_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's own choice, usually one per core)")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
+                   help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
