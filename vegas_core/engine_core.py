@@ -74,6 +74,12 @@ class EngineCore:
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         self._t0 = time.perf_counter()
+        self.reset_phase_totals()
+
+    def reset_phase_totals(self) -> None:
+        """Running sums over decode iterations (benchmarks read them): draft, verify and select
+        milliseconds (CUDA events on a GPU), the iterations' wall milliseconds and their count."""
+        self.phase_totals = dict(iterations=0, draft_ms=0.0, verify_ms=0.0, select_ms=0.0, wall_ms=0.0)
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams | None = None,
@@ -234,6 +240,11 @@ class EngineCore:
         wall_end = time.perf_counter()
         timings = dict(draft_ms=self._ms(m_start, m_draft), verify_ms=self._ms(m_draft, m_verify),
                        select_ms=self._ms(m_select, m_selected), start_s=wall_start - self._t0)
+        totals = self.phase_totals
+        totals["iterations"] += 1
+        totals["wall_ms"] += (wall_end - wall_start) * 1e3
+        for key in ("draft_ms", "verify_ms", "select_ms"):
+            totals[key] += timings[key]
         for out in outputs:
             req = out.request
             if req.iterations_left is not None:

@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,agreement} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,agreement,e2e,tune} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, decode, kernels
+from . import acceptance, agreement, decode, e2e, kernels, tune
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
                                          description=kernels.__doc__.splitlines()[0]))
     agreement.add_arguments(sub.add_parser("agreement", help="kernel path vs reference path, same answers?",
                                            description=agreement.__doc__.splitlines()[0]))
+    e2e.add_arguments(sub.add_parser("e2e", help="every method on one workload, side by side",
+                                     description=e2e.__doc__.splitlines()[0]))
+    tune.add_arguments(sub.add_parser("tune", help="three-step (gamma, sparsity) tuning per method",
+                                      description=tune.__doc__.splitlines()[0]))
     return parser
 
 
@@ -36,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     try:
         {"decode": decode.run, "acceptance": acceptance.run, "kernels": kernels.run,
-         "agreement": agreement.run}[args.bench](args, argv)
+         "agreement": agreement.run, "e2e": e2e.run, "tune": tune.run}[args.bench](args, argv)
     except VegasError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

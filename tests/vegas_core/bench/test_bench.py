@@ -100,3 +100,71 @@ def test_long_text_is_exact_and_deterministic(tiny_model):
     assert len(texts.long_text(corpus + 10, tok)) == corpus + 10   # tiles past the corpus end
     prompts = texts.short_prompts(40)
     assert len(set(prompts)) == 40 and all(p.strip() for p in prompts)
+
+
+def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_model):
+    argv = ["e2e", "--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "2",
+            "--replays", "2", "--gen-tokens", "12", "--methods", "vanilla", "stream", "vegas", "vegas/kv-head",
+            "--sampling", "greedy", "model-card", "--gamma", "3", "--sparsity", "0.2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = _load(tmp_path, "e2e")
+    _check_header(doc, argv)
+    assert doc["complete"] and doc["tuned_from"] is None and doc["attention"] == "reference"
+    recs = doc["records"]
+    assert [(r["sampling"], r["method"], r["granularity"]) for r in recs] == [
+        (s, m, g) for s in ("greedy", "model-card")
+        for m, g in (("vanilla", None), ("stream", "layer"), ("vegas", "layer"), ("vegas", "kv-head"))]
+    for r in recs:
+        assert r["workload"] == "small" and r["batch"] == 2 and r["requests"] == 4
+        assert r["generated_tokens"] == 4 * 12 and r["tokens_per_s"] > 0
+        assert r["full_batch_steps"] > 0 and r["decode_steps"] >= r["full_batch_steps"]
+        for key in ("draft_ms", "select_ms", "verify_ms", "select_overhead", "speedup_vs_vanilla"):
+            assert r[key] is not None and r[key] >= 0, key
+        if r["method"] == "vanilla":
+            assert r["speedup_vs_vanilla"] == 1.0 and r["mean_acceptance_length"] is None
+            assert r["draft_ms"] == 0.0 or r["draft_ms"] < 0.05 * r["iteration_ms"]
+        else:
+            assert (r["gamma"], r["sparsity"], r["tuned"]) == (3, 0.2, False)
+            assert len(r["per_position_acceptance"]) == 3
+            assert 1.0 <= r["mean_acceptance_length"] <= 4.0
+            assert r["draft_ms"] > 0
+        if r["sampling"] == "greedy":
+            assert r["exact_match_vs_vanilla"] == 1.0    # speculation is lossless through the harness
+
+
+def test_tune_follows_the_three_steps_and_e2e_uses_its_choice(tmp_path, tiny_model):
+    argv = ["tune", "--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "2",
+            "--gen-tokens", "8", "--methods", "vegas", "--sparsities", "0.05", "0.3", "--gammas", "2", "4",
+            "--large-gamma", "6", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = _load(tmp_path, "tune")
+    _check_header(doc, argv)
+    assert doc["complete"] and set(doc["tuned"]) == {"vegas/layer"}
+    steps = [r["step"] for r in doc["records"]]
+    assert steps[:4] == [1, 1, 2, 2] and set(steps[4:]) == {3}
+    assert [r["gamma"] for r in doc["records"][:2]] == [6, 6]
+    choice = doc["tuned"]["vegas/layer"]
+    assert choice["gamma"] in (2, 4) and 0 < choice["sparsity"] <= 1
+    best = max((r for r in doc["records"] if r["gamma"] == choice["gamma"] and r["step"] in (2, 3)),
+               key=lambda r: r["tokens_per_s"])
+    assert best["sparsity"] == choice["sparsity"]
+
+    e2e_argv = ["e2e", "--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "2",
+                "--gen-tokens", "8", "--methods", "vanilla", "vegas", "stream", "--sampling", "greedy",
+                "--out", str(tmp_path)]          # finds the tune file in --out by model and device
+    assert main(e2e_argv) == 0
+    e2e_doc = _load(tmp_path, "e2e")
+    assert e2e_doc["tuned_from"].endswith(".json")
+    vegas = next(r for r in e2e_doc["records"] if r["method"] == "vegas")
+    assert (vegas["gamma"], vegas["sparsity"], vegas["tuned"]) == (choice["gamma"], choice["sparsity"], True)
+    stream = next(r for r in e2e_doc["records"] if r["method"] == "stream")
+    assert stream["tuned"] is False and stream["gamma"] == 6   # not tuned: the defaults, said so
+
+
+def test_tune_plateau_rule():
+    from vegas_core.bench.tune import plateau_sparsity, refine_candidates
+    trials = [dict(sparsity=s, accepted_per_iteration=a)
+              for s, a in ((0.01, 1.0), (0.03, 3.0), (0.05, 3.9), (0.1, 4.0), (0.2, 3.95))]
+    assert plateau_sparsity(trials, 0.95) == 0.05
+    assert plateau_sparsity(trials, 0.5) == 0.03
+    assert refine_candidates(0.6) == [0.3, 0.45, 0.6, 0.9, 1.0]

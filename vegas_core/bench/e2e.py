@@ -1,0 +1,287 @@
+"""`python -m vegas_core.bench e2e`: every method on the same workload, one after another in one
+process and one engine, so the ratios between them are measured side by side.
+
+Workloads (prompts are real text: slices of the standard-library corpus, `texts.long_text`, in the
+model's chat template; lengths spread evenly over the range):
+- `reasoning`: 100-300-token prompts, 1,024 generated tokens, batch 64, the prompt set replayed
+  twice so continuous batching keeps the batch full (the paper replays its datasets the same way);
+- `long-input`: 4K-7.5K-token prompts, 256 generated tokens, batch 32;
+- `small`: 200-400-token prompts, 32 tokens, batch 2 (what a CPU can run in a minute or two).
+
+Throughput: tokens emitted by decode steps / wall time of those steps, counting only steps that run
+the full batch (the stable rate; prefill steps and the draining tail are left out; every decode step
+counts when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
+top-p 0.9: SmolLM2-135M-Instruct's model-card example; for another model pass its own). Each method
+runs with its tuned (gamma, sparsity) from `python -m vegas_core.bench tune` when a result file for
+this model and device exists (or `--tuned FILE`), else with `--gamma` / `--sparsity`.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from . import common, texts
+
+WORKLOADS = {   # prompt token range, generated tokens, batch, replays of the prompt set
+    "reasoning": dict(prompt_tokens=(100, 300), gen_tokens=1024, batch=64, replays=2),
+    "long-input": dict(prompt_tokens=(4096, 7680), gen_tokens=256, batch=32, replays=1),
+    "small": dict(prompt_tokens=(200, 400), gen_tokens=32, batch=2, replays=1),
+}
+INSTRUCTIONS = {
+    "reasoning": "Read this excerpt and explain step by step what it does:\n\n",
+    "long-input": "Summarise what the following source file provides:\n\n",
+    "small": "Explain what this code does:\n\n",
+}
+SAMPLINGS = {"greedy": dict(temperature=0.0), "model-card": dict(temperature=0.2, top_p=0.9)}
+# (method, granularity): vanilla, the baselines, and Vegas at both granularities.
+METHODS = [("vanilla", "layer"), ("stream", "layer"), ("quest", "layer"), ("specextend", "layer"),
+           ("vegas", "layer"), ("vegas-all", "layer"), ("vegas", "kv-head")]
+GAMMA_SLACK = 17
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common.add_model_arguments(p)
+    add_workload_arguments(p)
+    p.add_argument("--methods", nargs="+", default=None,
+                   help="method[/granularity] list (default: vanilla stream quest specextend vegas vegas-all "
+                        "vegas/kv-head)")
+    p.add_argument("--sampling", nargs="+", default=["greedy", "model-card"], choices=list(SAMPLINGS))
+    p.add_argument("--tuned", default=None, help="tune result file (default: the latest for this model and device)")
+    p.add_argument("--gamma", type=int, default=6, help="gamma without a tuned setting (default: 6)")
+    p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
+    p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", default=None, choices=list(WORKLOADS),
+                   help="default: long-input on a GPU, small on a CPU")
+    p.add_argument("--batch", type=int, default=None, help="override the workload's batch")
+    p.add_argument("--gen-tokens", type=int, default=None, help="override the workload's generated tokens")
+    p.add_argument("--replays", type=int, default=None, help="override how often the prompt set is replayed")
+    p.add_argument("--min-budget", type=int, default=16,
+                   help="floor on the kept entries, the same for every method (default: 16)")
+
+
+# -- the workload --------------------------------------------------------------------------------
+@dataclass
+class Workload:
+    name: str
+    prompts: list[list[int]]        # every request, replays included
+    gen_tokens: int
+    batch: int
+    prompt_range: tuple[int, int]
+
+    @property
+    def max_context(self) -> int:
+        return max(len(p) for p in self.prompts) + self.gen_tokens
+
+
+def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
+    name = args.workload or ("long-input" if on_gpu else "small")
+    spec = dict(WORKLOADS[name])
+    batch = args.batch or spec["batch"]
+    gen = args.gen_tokens or spec["gen_tokens"]
+    replays = args.replays or spec["replays"]
+    lo, hi = spec["prompt_tokens"]
+    limit = config.max_position_embeddings - gen - GAMMA_SLACK - 64   # room for the template
+    hi = min(hi, limit)
+    lo = min(lo, hi)
+    lengths = [lo + (hi - lo) * i // max(1, batch - 1) for i in range(batch)]
+    prompts, offset = [], 0
+    for n in lengths:
+        excerpt = tokenizer.decode(texts.long_text(n, tokenizer, offset))
+        offset += n
+        chat = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTIONS[name] + excerpt}],
+                                             add_generation_prompt=True)
+        prompts.append(tokenizer.encode(chat))
+    return Workload(name, prompts * replays, gen, batch, (lo, hi))
+
+
+# -- one run -------------------------------------------------------------------------------------
+@dataclass
+class RunStats:
+    tokens_per_s: float
+    decode_s: float
+    full_steps: int
+    decode_steps: int
+    generated_tokens: int
+    mean_acceptance_length: float | None
+    per_position_acceptance: list[float] | None
+    draft_ms: float
+    verify_ms: float
+    select_ms: float
+    iteration_ms: float
+    outputs: list[list[int]]
+
+
+def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> RunStats:
+    """Run every request of the workload to completion; the stable decode rate (see the module
+    docstring) and the phase times per iteration."""
+    core = engine.core
+    reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
+    core.reset_phase_totals()
+    full_s = all_s = 0.0
+    full_tok = all_tok = full_steps = decode_steps = 0
+    common.sync(engine.device)
+    while any(not r.finished for r in reqs):
+        running = len(core.scheduler.running)
+        t = time.perf_counter()
+        events = engine.step()
+        common.sync(engine.device)
+        dt = time.perf_counter() - t
+        if not events:
+            continue                                    # a prefill step
+        emitted = sum(len(e.new_token_ids) for e in events)
+        decode_steps += 1
+        all_s += dt
+        all_tok += emitted
+        if running >= workload.batch:
+            full_steps += 1
+            full_s += dt
+            full_tok += emitted
+        if progress is not None:
+            progress(emitted)
+    results = [engine.result(r) for r in reqs]
+    for r in reqs:
+        engine._trackers.pop(r.request_id, None)
+    tok, sec = (full_tok, full_s) if full_steps else (all_tok, all_s)
+    spec_iters = sum(r.spec_iterations for r in results)
+    accepted = sum(r.accepted for r in results)
+    per_pos = None
+    if spec_iters:
+        width = max(len(r.per_position_accepted) for r in results)
+        per_pos = [sum(r.per_position_accepted[j] for r in results if j < len(r.per_position_accepted)) / spec_iters
+                   for j in range(width)]
+    totals = core.phase_totals
+    n = max(1, totals["iterations"])
+    return RunStats(
+        tokens_per_s=tok / sec if sec > 0 else 0.0, decode_s=all_s, full_steps=full_steps,
+        decode_steps=decode_steps, generated_tokens=sum(r.generated_tokens for r in results),
+        mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
+        per_position_acceptance=per_pos, draft_ms=totals["draft_ms"] / n, verify_ms=totals["verify_ms"] / n,
+        select_ms=totals["select_ms"] / n, iteration_ms=totals["wall_ms"] / n,
+        outputs=[r.token_ids for r in results])
+
+
+# -- tuned settings ------------------------------------------------------------------------------
+def find_tuned(path: str | None, out_dir: str, model_name: str, device) -> tuple[dict, str | None]:
+    """{"method/granularity": {"gamma", "sparsity"}} from a tune result, and its path."""
+    if path is None:
+        tag = common.device_tag(device)
+        for cand in sorted(glob.glob(os.path.join(out_dir, f"tune-*-{tag}.json")), reverse=True):
+            try:
+                with open(cand, encoding="utf-8") as f:
+                    doc = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if doc.get("model_name") == model_name and doc.get("complete"):
+                path = cand
+                break
+        if path is None:
+            return {}, None
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    return dict(doc.get("tuned", {})), path
+
+
+def parse_methods(items: list[str] | None) -> list[tuple[str, str]]:
+    if not items:
+        return list(METHODS)
+    out = []
+    for item in items:
+        method, _, gran = item.partition("/")
+        out.append((method, gran or "layer"))
+    return out
+
+
+def run(args, argv: list[str]) -> str:
+    from ..sampling import SamplingParams
+    from ..spec import SpecParams
+
+    methods = parse_methods(args.methods)
+    for m, g in methods:      # validate before loading anything
+        SpecParams(method=m, granularity=g)
+    from ..engine import resolve_device
+    from ..loader import load_model
+    loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
+    workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
+    engine = engine_for(args, workload, loaded)
+    tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
+    dtype = str(engine.dtype).replace("torch.", "")
+    records, vanilla = [], {}
+    total = len(args.sampling) * len(methods) * len(workload.prompts) * workload.gen_tokens
+    bar = common.progress_bar(total, f"e2e {workload.name}")
+    bar.unit = "tok"
+    for sampling_name in args.sampling:
+        sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True, seed=0,
+                                  **SAMPLINGS[sampling_name])
+        for method, gran in methods:
+            key = f"{method}/{gran}"
+            setting = tuned.get(key, {})
+            gamma = int(setting.get("gamma", args.gamma))
+            sparsity = float(setting.get("sparsity", args.sparsity))
+            spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
+                              min_budget=args.min_budget)
+            bar.set_postfix_str(f"{sampling_name} {key}")
+            stats = run_workload(engine, workload, sampling, spec, progress=bar.update)
+            if method == "vanilla":
+                vanilla[sampling_name] = stats
+            base = vanilla.get(sampling_name)
+            rec = dict(method=method, granularity=gran if method != "vanilla" else None, workload=workload.name,
+                       sampling=sampling_name, batch=workload.batch, context=workload.max_context,
+                       prompt_tokens=list(workload.prompt_range), gen_tokens=workload.gen_tokens,
+                       requests=len(workload.prompts),
+                       gamma=gamma if method != "vanilla" else None,
+                       sparsity=sparsity if method != "vanilla" else None, min_budget=args.min_budget,
+                       tuned=key in tuned, tokens_per_s=stats.tokens_per_s,
+                       mean_acceptance_length=stats.mean_acceptance_length,
+                       per_position_acceptance=stats.per_position_acceptance,
+                       draft_ms=stats.draft_ms, select_ms=stats.select_ms, verify_ms=stats.verify_ms,
+                       iteration_ms=stats.iteration_ms,
+                       select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
+                       speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
+                       full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
+                       generated_tokens=stats.generated_tokens)
+            if sampling_name == "greedy" and base is not None:
+                same = [a == b for a, b in zip(stats.outputs, base.outputs)]
+                rec["exact_match_vs_vanilla"] = sum(same) / len(same)
+            records.append(rec)
+            path = common.write_results(
+                "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
+                dtype=dtype, attention=engine.core.runner.attention, tuned_from=tuned_path,
+                workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
+                              samplings={k: SAMPLINGS[k] for k in args.sampling},
+                              sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
+                                              "top_p 0.9)"),
+                complete=len(records) == len(args.sampling) * len(methods))
+    bar.close()
+    print_table(records, engine)
+    print(f"wrote {path}")
+    return path
+
+
+def engine_for(args, workload: Workload, loaded):
+    """An engine sized for the workload: `batch` sequences at once, all their pages resident."""
+    from ..engine import Engine
+    from ..engine_core import EngineOptions
+    block = 16
+    per_request = -(-(workload.max_context + GAMMA_SLACK) // block) + 1
+    opts = EngineOptions(block_size=block, num_blocks=per_request * workload.batch + 8,
+                         max_num_seqs=workload.batch, max_prefill_tokens=16384, attention=args.attention)
+    return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
+
+
+def print_table(records, engine) -> None:
+    cols = ["sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "MAL", "draft ms",
+            "verify ms", "select ms", "select %", "= vanilla"]
+    rows = [[r["sampling"], r["method"], r["granularity"] or "-", r["gamma"], r["sparsity"], r["tokens_per_s"],
+             r["speedup_vs_vanilla"], r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
+             None if r["select_overhead"] is None else 100 * r["select_overhead"],
+             r.get("exact_match_vs_vanilla")] for r in records]
+    r0 = records[0]
+    common.print_table(f"e2e: {common.device_description(engine.device)}, {r0['workload']} workload, batch "
+                       f"{r0['batch']}, up to {r0['context']} tokens, {r0['requests']} requests", cols, rows)
