@@ -101,6 +101,7 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
         with gr.Tab("Overhead", id="overhead"):
             overhead_note = gr.Markdown(elem_id="overhead-note")
             overhead_plot = gr.Plot(label="Logit-collection overhead", elem_id="overhead-plot")
+            throughput_plot = gr.Plot(label="End-to-end throughput per method", elem_id="throughput-plot")
             breakdown_plot = gr.Plot(label="Iteration breakdown per method", elem_id="breakdown-plot")
 
         with gr.Tab("Compare", id="compare"):
@@ -137,7 +138,7 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
         kv_outputs = [kv_overview, kv_zoom, kv_prompt, kv_recall]
 
         demo.load(studio.status, outputs=[status, timer], queue=False)
-        demo.load(studio.overhead, outputs=[overhead_plot, overhead_note], queue=False)
+        demo.load(studio.overhead, outputs=[overhead_plot, overhead_note, throughput_plot], queue=False)
         timer.tick(studio.status, outputs=[status, timer], queue=False)
 
         gen_inputs = [prompt, chat, method, gamma, sparsity, min_budget, granularity, record_recall,

@@ -417,8 +417,12 @@ class Studio:
                     "The iteration breakdown below is measured live by this app's engine.")
         else:
             note = f"Kernel overhead {latest.label}. The iteration breakdown below is measured live by this app's engine."
-        device = "" if self.worker is None or self.worker.engine is None else f" Engine device: {self.worker.engine.device}."
-        return viz.overhead_figure(latest), note + device
+        engine = None if self.worker is None else self.worker.engine
+        device = "" if engine is None else f" Engine device: {engine.device}."
+        e2e = viz.pick_results(viz.load_e2e_results(self.results_dir), None if engine is None else engine.device.type)
+        if e2e is not None:
+            note += f" End-to-end throughput {e2e.label}."
+        return viz.overhead_figure(latest), note + device, viz.throughput_figure(e2e)
 
     # -- compare -------------------------------------------------------------------------------
     def compare(self, prompt, chat, methods, gamma, sparsity, min_budget, granularity, temperature, max_tokens,

@@ -82,3 +82,21 @@ def test_pause_holds_a_request_and_step_advances_one_iteration(engine, alone):
     while not (held.finished and other.finished):
         engine.step()
     assert held.output_ids == alone[1] and other.output_ids == alone[0]
+
+
+def test_kv_pool_sizing():
+    """Asked-for size wins; a CPU gets 1 GiB; a GPU gets a fraction of what is free after the
+    weights, less the activation reserve, and a clear error when nothing is left."""
+    import torch
+
+    from vegas_core.engine_core import ACTIVATION_RESERVE, EngineOptions, kv_pool_bytes
+    from vegas_core.errors import InvalidRequestError
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert kv_pool_bytes(gpu, EngineOptions(kv_cache_bytes=123), 10, free_bytes=1 << 40) == 123
+    assert kv_pool_bytes(cpu, EngineOptions(), 10) == 1 << 30
+    free, weights = 100 << 30, 10 << 30
+    got = kv_pool_bytes(gpu, EngineOptions(gpu_memory_fraction=0.5), weights, free_bytes=free)
+    assert got == int(90 * 2**30 * 0.5) - ACTIVATION_RESERVE
+    with pytest.raises(InvalidRequestError, match="no GPU memory left"):
+        kv_pool_bytes(gpu, EngineOptions(), weights, free_bytes=weights + (1 << 30))

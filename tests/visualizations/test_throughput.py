@@ -1,0 +1,41 @@
+"""The end-to-end throughput view: reads e2e result files, picks the engine's device kind, draws
+one bar per method and sampling labelled with the speed-up over vanilla."""
+import json
+
+from visualizations.throughput import load_e2e_results, method_label, pick_results, throughput_figure
+
+
+def _write(path, device, date, records):
+    path.write_text(json.dumps({"date": date, "device": device, "workload": {"name": "small"}, "records": records}))
+
+
+def _rec(method, gran, sampling, tps, speed):
+    return dict(method=method, granularity=gran, sampling=sampling, tokens_per_s=tps, speedup_vs_vanilla=speed,
+                mean_acceptance_length=None if method == "vanilla" else 3.0, gamma=6, sparsity=0.07,
+                batch=2, context=445)
+
+
+def test_reads_picks_and_draws(tmp_path):
+    recs = [_rec("vanilla", None, "greedy", 40.0, 1.0), _rec("vegas", "layer", "greedy", 20.0, 0.5),
+            _rec("vegas", "kv-head", "greedy", 10.0, 0.25), _rec("vanilla", None, "model-card", 38.0, 1.0)]
+    _write(tmp_path / "e2e-2026-11-30-cpu.json", "cpu: Xeon, 2 threads", "2026-11-30", recs)
+    _write(tmp_path / "e2e-2026-12-01-h200.json", "cuda: NVIDIA H200", "2026-12-01", recs[:1])
+    (tmp_path / "e2e-broken-x.json").write_text("{nope")
+    results = load_e2e_results(tmp_path)
+    assert [r.date for r in results] == ["2026-12-01", "2026-11-30"]
+    assert pick_results(results, "cpu").device.startswith("cpu")
+    assert pick_results(results, "cuda").device.startswith("cuda")
+    assert pick_results(results, None).date == "2026-12-01"
+    fig = throughput_figure(pick_results(results, "cpu"))
+    greedy, card = fig.data
+    assert (greedy.name, card.name) == ("greedy", "model-card")
+    assert list(greedy.x) == ["vanilla", "vegas", "vegas (kv-head)"] and list(greedy.y) == [40.0, 20.0, 10.0]
+    assert list(greedy.text) == ["1.00×", "0.50×", "0.25×"]
+    assert "2026-11-30" in fig.layout.title.text and "small workload" in fig.layout.title.text
+
+
+def test_without_results_says_so(tmp_path):
+    assert load_e2e_results(tmp_path) == []
+    fig = throughput_figure(None)
+    assert fig.layout.meta["empty"] and "bench e2e" in fig.layout.meta["message"]
+    assert method_label({"method": "quest", "granularity": "layer"}) == "quest"

@@ -1,0 +1,90 @@
+"""End-to-end throughput of every method, side by side, from `bench/results/e2e-<date>-<device>.json`
+(written by `python -m vegas_core.bench e2e`: records with at least `method`, `granularity`,
+`sampling`, `tokens_per_s`, `speedup_vs_vanilla`, `mean_acceptance_length`)."""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from ._common import message_figure
+
+NO_RESULTS = ("No end-to-end results yet. Run `python -m vegas_core.bench e2e` (on a CPU it uses a small "
+              "workload); it writes bench/results/e2e-<date>-<device>.json, which this view reads.")
+SAMPLING_COLORS = {"greedy": "#1971c2", "model-card": "#f08c00"}
+
+
+@dataclass
+class E2EResults:
+    path: str
+    date: str
+    device: str
+    workload: str
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return f"measured {self.date} on {self.device}, {self.workload} workload ({os.path.basename(self.path)})"
+
+
+def load_e2e_results(results_dir: str | os.PathLike = "bench/results") -> list[E2EResults]:
+    """Every readable e2e-*.json with records, newest first. Unreadable files are skipped."""
+    out = []
+    for path in sorted(Path(results_dir).glob("e2e-*.json")):
+        try:
+            if path.stat().st_size > 20 * 1024 * 1024:
+                continue
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
+            continue
+        recs = [r for r in doc["records"] if isinstance(r, dict) and "method" in r and "tokens_per_s" in r]
+        if recs:
+            workload = doc.get("workload", {})
+            name = workload.get("name") if isinstance(workload, dict) else None
+            out.append(E2EResults(str(path), str(doc.get("date", "")), str(doc.get("device", "unknown device")),
+                                  str(name or recs[0].get("workload", "?")), recs))
+    return sorted(out, key=lambda r: (r.date, r.path), reverse=True)
+
+
+def pick_results(results: list[E2EResults], device_type: str | None) -> E2EResults | None:
+    """The newest result from the same kind of device as the running engine ('cpu' or 'cuda'), else
+    the newest of all."""
+    if device_type:
+        same = [r for r in results if r.device.startswith(device_type)]
+        if same:
+            return same[0]
+    return results[0] if results else None
+
+
+def method_label(r: dict) -> str:
+    gran = r.get("granularity")
+    return r["method"] if r["method"] == "vanilla" or gran in (None, "layer") else f"{r['method']} ({gran})"
+
+
+def throughput_figure(results: E2EResults | None) -> go.Figure:
+    if results is None:
+        return message_figure(NO_RESULTS, "End-to-end throughput", height=300)
+    fig = go.Figure()
+    for sampling in dict.fromkeys(r.get("sampling", "greedy") for r in results.records):
+        recs = [r for r in results.records if r.get("sampling", "greedy") == sampling]
+        speed = [r.get("speedup_vs_vanilla") for r in recs]
+        fig.add_trace(go.Bar(
+            x=[method_label(r) for r in recs], y=[r["tokens_per_s"] for r in recs], name=sampling,
+            marker_color=SAMPLING_COLORS.get(sampling), text=[f"{s:.2f}×" if s else "" for s in speed],
+            textposition="outside",
+            customdata=[[r.get("mean_acceptance_length") or 1.0, r.get("gamma") or 0, r.get("sparsity") or 0]
+                        for r in recs],
+            hovertemplate="%{x}: %{y:.1f} tokens/s (%{text} vanilla)<br>mean acceptance length "
+                          "%{customdata[0]:.2f}, gamma %{customdata[1]}, sparsity %{customdata[2]}<extra></extra>"))
+    b = results.records[0]
+    fig.update_layout(
+        barmode="group", yaxis_title="decode tokens/s", height=380, margin=dict(l=60, r=20, t=70, b=60),
+        title=dict(text=f"End-to-end throughput, batch {b.get('batch')}, up to {b.get('context')} tokens "
+                        f"(bar labels: × vanilla)<br><sup>{results.label}</sup>", font=dict(size=13)),
+        meta={"date": results.date, "device": results.device})
+    return fig
