@@ -226,9 +226,16 @@ class EngineCore:
         m_verify = self._mark()
         accepted = []
         row = 0
+        # Temperature 0 for the whole batch: every row's argmax in one op and one host read, instead
+        # of a probability table, a sampler call and a read per request (the same tokens).
+        targets = logits.argmax(dim=-1).tolist() if all(r.sampling.is_greedy for r in reqs) else None
         for i, (req, entry) in enumerate(zip(reqs, entries)):
             n = len(entry.tokens)
-            res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id), logits[row:row + n])
+            if targets is not None:
+                res = self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n], logits[row:row + n])
+            else:
+                res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id),
+                                   logits[row:row + n])
             row += n
             base = req.num_cached
             req.num_cached = base + 1 + res.num_accepted
@@ -268,6 +275,12 @@ class EngineCore:
             entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
                                   r.num_cached + j, sparse=r.selection, logits="last") for r in active]
             logits = self.runner.forward(entries, self.allocator)
+            if all(r.sampling.is_greedy for r in active):
+                # Temperature 0: the draft is the argmax, one op and one host read for the batch;
+                # greedy acceptance needs no draft distribution.
+                for r, tok in zip(active, logits.argmax(dim=-1).tolist()):
+                    drafts[r.request_id].append(tok)
+                continue
             probs = logits_to_probs(logits, [r.sampling for r in active])
             tokens = sample_from_probs(probs, [r.generator for r in active]).tolist()
             for r, tok, pr in zip(active, tokens, probs):
@@ -297,6 +310,19 @@ class EngineCore:
             # Greedy probabilities are one-hot; the trace shows the model's softmax confidence instead.
             soft = torch.softmax(logits, dim=-1)
             res.target_probs = [float(soft[i, t]) for i, t in enumerate(drafts)]
+        return res
+
+    def _accept_greedy(self, drafts: list[int], targets: list[int], logits: torch.Tensor) -> RejectionResult:
+        """Greedy acceptance from the target's argmax per row (what `rejection_sample` does with
+        one-hot distributions): drafts are accepted while they equal it, then its token follows."""
+        k = len(drafts)
+        n = next((i for i, (d, t) in enumerate(zip(drafts, targets)) if d != t), k)
+        res = RejectionResult(num_accepted=n, tokens=drafts[:n] + [targets[n]], bonus=k > 0 and n == k,
+                              draft_probs=[1.0] * k, target_probs=[float(d == t) for d, t in zip(drafts, targets)])
+        if drafts and self.options.trace:
+            soft = torch.softmax(logits[:k], dim=-1)     # the model's confidence, as `_accept` records
+            res.target_probs = soft[torch.arange(k, device=soft.device),
+                                    torch.tensor(drafts, device=soft.device)].tolist()
         return res
 
     def _select_all(self, accepted, collector: LogitCollector) -> None:

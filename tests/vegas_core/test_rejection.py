@@ -113,3 +113,28 @@ def test_emitted_tokens_follow_target_not_draft(one_thread):
     # First-draft acceptance rate is sum_x min(p_0(x), q_0(x)) = 1 - TV(p_0, q_0).
     accept_rate = sum(len(t) > 1 for t in outputs) / n_max
     assert accept_rate == pytest.approx(torch.minimum(target[0], draft[0]).sum().item(), abs=0.01)
+
+
+def test_engine_greedy_fast_path_equals_rejection_sampler():
+    """The engine's batched greedy acceptance (argmax per row, read once for the batch) gives what
+    `rejection_sample` gives with one-hot distributions, accepted prefix, correction and bonus alike."""
+    from types import SimpleNamespace
+
+    from vegas_core.engine_core import EngineCore, EngineOptions
+    from vegas_core.sampling import SamplingParams, logits_to_probs
+
+    fake = SimpleNamespace(options=EngineOptions(trace=False))
+    g = torch.Generator().manual_seed(5)
+    for trial in range(40):
+        k = trial % 5
+        logits = torch.randn(k + 1, 11, generator=g)
+        targets = logits.argmax(dim=-1).tolist()
+        # drafts agree with the target for a random prefix, then (sometimes) differ
+        agree = int(torch.randint(0, k + 1, (1,), generator=g))
+        drafts = [targets[i] if i < agree else (targets[i] + 1) % 11 for i in range(k)]
+        got = EngineCore._accept_greedy(fake, drafts, targets, logits)
+        p = logits_to_probs(logits, [SamplingParams()] * (k + 1))
+        q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), 11).float() if k else torch.zeros(0, 11)
+        want = rejection_sample(drafts, q, p, None, greedy=True)
+        assert (got.num_accepted, got.tokens, got.bonus) == (want.num_accepted, want.tokens, want.bonus)
+        assert got.draft_probs == want.draft_probs and got.target_probs == want.target_probs
