@@ -24,7 +24,8 @@ DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_a
 
 SPECS = [SpecParams(method="stream", gamma=3, sparsity=0.25, min_budget=4)] + [
     SpecParams(method=m, gamma=3, sparsity=0.25, min_budget=4, granularity=g)
-    for m in ("quest", "specextend", "vegas", "vegas-all") for g in ("layer", "kv-head")]
+    for m in ("quest", "specextend", "vegas", "vegas-all") for g in ("layer", "kv-head")] + [
+    SpecParams(method=m, gamma=3, sparsity=0.25, min_budget=4, record_recall=True) for m in ("vegas", "quest")]
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +62,11 @@ def test_kernel_path_tokens_and_selections_match_reference(tiny):
                    (k_sel["base"], k_sel["budget"], k_sel["granularity"])
             key = "layers" if r_sel["granularity"] == "layer" else "heads"
             overlaps += [_overlap(a, b) for a, b in zip(_flat(r_sel[key]), _flat(k_sel[key]))]
+            if spec.record_recall:   # the kernel path records recall too, and the same values
+                r_rec = next(it["recall"] for it in ref.iterations if it["recall"])
+                k_rec = next(it["recall"] for it in ker.iterations if it["recall"])
+                assert len(k_rec) == len(r_rec) == 2 and all(0 < x <= 1 + 1e-6 for x in k_rec)
+                assert k_rec == pytest.approx(r_rec, abs=0.05)
     # bf16 logits may swap near-ties at the budget's edge; anything else would be a real difference.
     assert min(overlaps) >= 0.8 and sum(overlaps) / len(overlaps) >= 0.95, overlaps
 
