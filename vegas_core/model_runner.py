@@ -89,10 +89,11 @@ class ModelRunner:
         # Every request's pool slots by position, padded to the longest: built once, on the device,
         # and shared by all layers (per-request views of it are the key slots).
         nblk = -(-max(ends) // bs)
-        tables = torch.zeros(len(entries), nblk, dtype=torch.long)
-        for i, e in enumerate(entries):
+        rows = []
+        for e in entries:   # padded on the host, one tensor for the batch (not one per request)
             t = allocator.block_table(e.seq_id)[:nblk]
-            tables[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+            rows.append(t + [0] * (nblk - len(t)))
+        tables = torch.tensor(rows, dtype=torch.long)
         pos = torch.arange(max(ends), device=dev)
         tables_dev = tables.to(dev)
         all_slots = slot_index(tables_dev, pos, bs)                            # [B, Lmax]
