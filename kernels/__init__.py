@@ -1,7 +1,15 @@
-"""Triton kernels, each beside a plain PyTorch reference with the same signature (issue 4:
-verification attention with Collect-2-Query logit output, token-gather sparse attention, Quest page
-scoring, selection). Until they land, the engine runs `vegas_core.attention.ReferenceBackend`, whose
-maths the kernels must reproduce; the KV layout they read is `vegas_core.kv_cache.KVPool`'s.
+"""Triton kernels, each beside a plain PyTorch reference with the same signature; the KV layout they
+read is `vegas_core.kv_cache.KVPool`'s, and `vegas_core.attention.kernel_backend` is the engine's
+GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend`).
 
-Landed: `verify_attention.verify_attention` (single pass; the split-K merge is still to come).
+- `verify_attention`: paged, grouped-query verification attention for 1-17 rows per request,
+  split-K with a merge (flash-decoding), log-sum-exp, and bf16 logits of chosen rows
+  (Collect-2-Query, all rows, or any list) without changing the output;
+- `sparse_attention`: a draft row per request over a token list (per layer or per KV head) plus
+  the entries written since the last verification, split over the list with a merge;
+- `select`: softmax re-materialisation + mean + top-k for a whole model step (`select_layers`),
+  and Quest's page bounds beside the pool, page scores and page -> position expansion.
+
+CI runs each against its reference under TRITON_INTERPRET=1 (tests/kernels); on a GPU the same
+tests run compiled with TRITON_INTERPRET=0. `python -m vegas_core.bench kernels` times them.
 """

@@ -35,12 +35,10 @@ small batches, as decode is bandwidth-bound) and a second small kernel merges th
 (max, sum, accumulator) states. ``num_splits=None`` picks one from the GPU's SM count and the
 shapes only (no host sync, CUDA-graph safe); on CPU / under the interpreter it is 1.
 
-Measured on one H200 (bf16, K = 2048 selected + 9 tail entries per request, ctx 8192, page 16,
-block_n 32, CUDA-graph timed, bytes = gathered K+V rows): H=32/KVH=8/d=128: 11 us at B=1
-(0.76 TB/s), 52 us at B=16 (2.6 TB/s), 175 us at B=64 (3.1 TB/s); H=9/KVH=3/d=64: 7.6 us at B=1,
-44 us at B=64 (2.3 TB/s). One split instead of the automatic choice: 99 us / 131 us / 175 us and
-72 us / 107 us. Where this is still slow: few, long, latency-bound gather chains per program at
-small batch (more splits help until ~one wave) and d = 64 rows of only 128 bytes.
+Committed measurements: `sparse_attention` records of `bench/results/kernels-2026-11-30-h200*.json`
+(`python -m vegas_core.bench kernels`). Where it is still slow: few, long, latency-bound gather
+chains per program at small batch (more splits help until about one wave of programs) and d = 64
+rows of only 128 bytes.
 """
 from __future__ import annotations
 
@@ -221,8 +219,9 @@ def _interpreting() -> bool:
 
 
 def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
-    """Splits per (request, KV head): fill about one wave of resident programs (measured on the
-    H200: ~4 per SM at d = 128, ~6 at d <= 64; going past a wave costs a second, mostly idle one),
+    """Splits per (request, KV head): fill about one wave of resident programs (~4 per SM at
+    d = 128, ~6 at d <= 64, from a split sweep on the H200; going past a wave costs a second,
+    mostly idle one),
     each split keeping >= 2 tiles of the index capacity ``K``. Uses shapes only (no host sync, so
     CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
     K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
