@@ -137,8 +137,9 @@ class EngineWorker:
         if self.state == "failed":
             return f"The model failed to load: {self.error}"
         e = self.engine
-        return (f"Ready: {e.config.name or e.source} on {e.device} ({str(e.dtype).replace('torch.', '')}), "
-                f"loaded in {self.load_time_s:.1f} s")
+        attention = "Triton kernels" if e.core.runner.kernels else "PyTorch reference attention"
+        return (f"Ready: {e.config.name or e.source} on {e.device} ({str(e.dtype).replace('torch.', '')}, "
+                f"{attention}), loaded in {self.load_time_s:.1f} s")
 
     def submit(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool = True,
                timeout: float = 60.0) -> Handle:

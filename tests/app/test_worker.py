@@ -215,3 +215,8 @@ def test_generate_refuses_bad_input_with_a_message(worker):
     assert "gamma" in bad_gamma[0][1]
     bad_temp = list(studio.generate("hi", False, "vegas", 3, 0.5, 2, "layer", False, -1, 1.0, 0, None, 8))
     assert "temperature" in bad_temp[0][1]
+
+
+def test_status_line_names_the_model_device_and_attention_path(worker):
+    line = worker.status_line()
+    assert line.startswith("Ready: ") and "on cpu (float32, PyTorch reference attention)" in line
