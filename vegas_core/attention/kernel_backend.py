@@ -77,7 +77,7 @@ class KernelBackend:
     def __init__(self, scale: float, quest_bounds=None):
         self.scale = scale
         self.reference = ReferenceBackend(scale)
-        self.quest_bounds = quest_bounds     # QuestBounds beside the pool (None: no Quest support)
+        self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -86,6 +86,8 @@ class KernelBackend:
             meta.plan = self._plan(meta, q.device, pool)
         plan: _Plan = meta.plan
         kc, vc = pool.k[layer], pool.v[layer]
+        if plan.dense is not None and plan.dense.rows is None:
+            return self._dense(layer, q, None, kc, vc, plan.dense, meta)   # every row is the group's
         out = torch.empty_like(q)
         if plan.dense is not None:
             self._dense(layer, q, out, kc, vc, plan.dense, meta)
@@ -115,17 +117,19 @@ class KernelBackend:
                 out[rows] = self.reference._dense(layer, i, q[rows], kf, vf, seq, meta).to(q.dtype)
         return out
 
-    def _dense(self, layer, q, out, kc, vc, g: _Dense, meta: AttentionMetadata) -> None:
+    def _dense(self, layer, q, out, kc, vc, g: _Dense, meta: AttentionMetadata) -> torch.Tensor:
+        """One verify_attention call for the group; its rows of `out` are filled (or, when the
+        group is the whole batch in order, its output is returned as the layer's)."""
         qd = q if g.rows is None else q[g.rows]
         o, lse, coll = verify_attention(qd, kc, vc, g.tables, g.ctx, g.qloc, self.scale,
                                         collect=g.collect, max_ctx=g.max_ctx, max_q=g.max_q,
                                         row_slot=g.row_slot)
-        if g.rows is None:
-            out.copy_(o)
-        else:
-            out[g.rows] = o
         if coll is not None and meta.collector is not None:
             meta.collector.batched[layer] = (coll.logits, lse[g.collected_rows])
+        if g.rows is None:
+            return o
+        out[g.rows] = o
+        return out
 
     def _recall(self, layer, q, pool, meta, g: _Sparse, indices) -> None:
         """Attention recall for traces (a full attention per request: trace-on-request only)."""
