@@ -33,7 +33,7 @@ PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    common.add_model_arguments(p)
+    common.add_model_arguments(p, attention=False)   # it runs both paths
     p.add_argument("--gen-tokens", type=int, default=48, help="tokens per prompt (default: 48)")
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many (default: {len(PROMPTS)})")
     p.add_argument("--gamma", type=int, default=6)

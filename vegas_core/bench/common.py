@@ -190,12 +190,15 @@ class _NoBar:
         pass
 
 
-def add_model_arguments(p) -> None:
-    """The options every benchmark shares: which model, where, in what precision."""
+def add_model_arguments(p, attention: bool = True) -> None:
+    """The options every benchmark shares: which model, where, in what precision (and, unless the
+    benchmark runs both attention paths itself, which one)."""
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's own choice, usually one per core)")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    if not attention:
+        return
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")

@@ -168,3 +168,17 @@ def test_tune_plateau_rule():
     assert plateau_sparsity(trials, 0.95) == 0.05
     assert plateau_sparsity(trials, 0.5) == 0.03
     assert refine_candidates(0.6) == [0.3, 0.45, 0.6, 0.9, 1.0]
+
+
+def test_agreement_compares_the_kernel_and_reference_paths(tmp_path, tiny_model):
+    """On the CPU the kernel path runs under Triton's interpreter (tests/conftest.py); in fp32 both
+    paths must give the same tokens, and the record says so."""
+    argv = ["agreement", "--model", tiny_model, "--device", "cpu", "--prompts", "2", "--gen-tokens", "6",
+            "--methods", "vegas", "--gamma", "3", "--min-budget", "4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = _load(tmp_path, "agreement")
+    _check_header(doc, argv)
+    assert doc["complete"] and doc["dtype"] == "float32" and doc["prompts"] == 2
+    assert [(r["method"], r["granularity"]) for r in doc["records"]] == [("vanilla", None), ("vegas", "layer")]
+    for r in doc["records"]:
+        assert r["exact_match_rate"] == 1.0 and r["vs_vanilla_rate"] == 1.0 and r["divergences"] == []
