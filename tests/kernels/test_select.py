@@ -20,6 +20,7 @@ from kernels.select import (quest_page_scores, quest_page_scores_reference, ques
                             selection_scores, selection_scores_reference, topk_positions,
                             update_page_bounds)
 from kernels.verify_attention import collected_rows, verify_attention_reference
+from tests.kernels.paged import shuffled_tables
 from vegas_core.spec.select import (quest_page_bounds, quest_scores, quest_select,
                                     select_from_logits)
 
@@ -194,14 +195,8 @@ def quest_case(idx, dtype=torch.float32):
     and unused blocks), page bounds of every complete page below each base, one draft row each."""
     bases, budgets, heads, kv_heads, dim, ps = QUEST_CASES[idx]
     g = torch.Generator().manual_seed(200 + idx)
-    blocks_per = [math.ceil(b / ps) + 1 for b in bases]              # one block past the base
-    num_blocks = sum(blocks_per) + 2
-    perm = torch.randperm(num_blocks, generator=g)
-    tables = torch.zeros(len(bases), max(blocks_per) + 1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(blocks_per):
-        tables[i, :n] = perm[used:used + n]
-        used += n
+    # one block past each base, and 2 blocks nobody owns
+    tables, num_blocks = shuffled_tables([math.ceil(b / ps) + 1 for b in bases], 2, g)
     k_cache = torch.randn(num_blocks, ps, kv_heads, dim, generator=g).to(dtype)
     q = torch.randn(len(bases), heads, dim, generator=g).to(dtype)
     num_pages = [b // ps for b in bases]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from kernels.sparse_attention import sparse_attention, sparse_attention_reference
+from tests.kernels.paged import shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
 from vegas_core.spec.views import FixedSelection
@@ -34,14 +35,7 @@ def make_case(ctx_lens, tail_lens, counts, heads, kv_heads, head_dim, per_head=F
     `pad`: "garbage" (out-of-range values) or "valid" (positions of the request that are NOT
     selected, so reading them would change the result). Returns the argument tuple on DEVICE."""
     g = torch.Generator().manual_seed(seed)
-    blocks_per = [math.ceil(c / block_size) for c in ctx_lens]
-    num_blocks = sum(blocks_per) + 3                                  # spare pages never read
-    perm = torch.randperm(num_blocks, generator=g)
-    tables = torch.zeros(len(ctx_lens), max(blocks_per) + 1, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(blocks_per):
-        tables[i, :n] = perm[used: used + n]
-        used += n
+    tables, num_blocks = shuffled_tables([math.ceil(c / block_size) for c in ctx_lens], 3, g)
     shape = (num_blocks, block_size, kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=g).to(dtype)
     v_cache = torch.randn(shape, generator=g).to(dtype)

@@ -14,6 +14,7 @@ import torch
 
 from kernels.verify_attention import (collected_rows, default_num_splits, verify_attention,
                                       verify_attention_reference)
+from tests.kernels.paged import shuffled_tables
 from vegas_core.attention.reference import causal_mask, dense_scores, weighted_values
 
 # CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.
@@ -25,15 +26,7 @@ def make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, block_size=16, seed=0
     """Random paged pool with shuffled (non-contiguous) block tables, padded with page 0 past each
     request's blocks (never read), on DEVICE."""
     g = torch.Generator().manual_seed(seed)
-    blocks_per = [math.ceil(c / block_size) for c in ctx_lens]
-    num_blocks = sum(blocks_per) + 3                                  # spare pages never read
-    perm = torch.randperm(num_blocks, generator=g)
-    max_blocks = max(blocks_per) + 1
-    tables = torch.zeros(len(ctx_lens), max_blocks, dtype=torch.int32)
-    used = 0
-    for i, n in enumerate(blocks_per):
-        tables[i, :n] = perm[used: used + n]
-        used += n
+    tables, num_blocks = shuffled_tables([math.ceil(c / block_size) for c in ctx_lens], 3, g)
     shape = (num_blocks, block_size, kv_heads, head_dim)
     k_cache = torch.randn(shape, generator=g).to(dtype)
     v_cache = torch.randn(shape, generator=g).to(dtype)
