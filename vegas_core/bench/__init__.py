@@ -12,21 +12,22 @@ import sys
 from . import acceptance, agreement, decode, e2e, kernels, tune
 
 
+# name -> (module with add_arguments / run / a docstring, one-line help)
+BENCHMARKS = {
+    "decode": (decode, "decode throughput (and the Hugging Face baseline)"),
+    "acceptance": (acceptance, "acceptance length and recall of every policy"),
+    "kernels": (kernels, "Triton kernels: time, bandwidth, SDPA, collection cost"),
+    "agreement": (agreement, "kernel path vs reference path, same answers?"),
+    "e2e": (e2e, "every method on one workload, side by side"),
+    "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m vegas_core.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="bench", required=True)
-    decode.add_arguments(sub.add_parser("decode", help="decode throughput (and the Hugging Face baseline)",
-                                        description=decode.__doc__.splitlines()[0]))
-    acceptance.add_arguments(sub.add_parser("acceptance", help="acceptance length and recall of every policy",
-                                            description=acceptance.__doc__.splitlines()[0]))
-    kernels.add_arguments(sub.add_parser("kernels", help="Triton kernels: time, bandwidth, SDPA, collection cost",
-                                         description=kernels.__doc__.splitlines()[0]))
-    agreement.add_arguments(sub.add_parser("agreement", help="kernel path vs reference path, same answers?",
-                                           description=agreement.__doc__.splitlines()[0]))
-    e2e.add_arguments(sub.add_parser("e2e", help="every method on one workload, side by side",
-                                     description=e2e.__doc__.splitlines()[0]))
-    tune.add_arguments(sub.add_parser("tune", help="three-step (gamma, sparsity) tuning per method",
-                                      description=tune.__doc__.splitlines()[0]))
+    for name, (module, help_text) in BENCHMARKS.items():
+        module.add_arguments(sub.add_parser(name, help=help_text, description=module.__doc__.splitlines()[0]))
     return parser
 
 
@@ -39,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         torch.set_num_threads(args.threads)
     try:
-        {"decode": decode.run, "acceptance": acceptance.run, "kernels": kernels.run,
-         "agreement": agreement.run, "e2e": e2e.run, "tune": tune.run}[args.bench](args, argv)
+        BENCHMARKS[args.bench][0].run(args, argv)
     except VegasError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
