@@ -3,7 +3,10 @@ empty (an empty plot with no words looks like a bug)."""
 from __future__ import annotations
 
 import html
-from collections.abc import Mapping, Sequence
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import plotly.graph_objects as go
 
@@ -69,3 +72,16 @@ def message_figure(message: str, title: str | None = None, height: int = 260) ->
     fig.update_layout(title=title, height=height, margin=dict(l=20, r=20, t=50 if title else 20, b=20),
                       meta={"empty": True, "message": message})
     return fig
+
+
+def read_result_files(results_dir: str | os.PathLike, pattern: str, max_bytes: int) -> Iterator[tuple[Path, object]]:
+    """(path, parsed JSON) of every committed benchmark file matching `pattern`, by name. Files
+    that are too large, unreadable or not JSON are skipped: a view then says it has no results
+    rather than failing (the loaders of overhead.py and throughput.py share this)."""
+    for path in sorted(Path(results_dir).glob(pattern)):
+        try:
+            if path.stat().st_size > max_bytes:
+                continue
+            yield path, json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue

@@ -9,16 +9,14 @@ and row count = us(collect) / us(no collection) - 1.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ._common import message_figure
+from ._common import message_figure, read_result_files
 
 _NAME = re.compile(r"kernels-(\d{4}-?\d{2}-?\d{2}[^-]*)-(.+)\.json$")
 NO_RESULTS = ("No kernel benchmark results yet. On a GPU machine run `python -m vegas_core.bench kernels`; it "
@@ -53,13 +51,7 @@ def load_kernel_results(results_dir: str | os.PathLike = "bench/results") -> lis
     """Every readable kernels-*.json, newest first (by date in the file, else name). Unreadable files are
     skipped: the view then says there are no results rather than failing."""
     out = []
-    for path in sorted(Path(results_dir).glob("kernels-*.json")):
-        try:
-            if path.stat().st_size > 50 * 1024 * 1024:
-                continue
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+    for path, data in read_result_files(results_dir, "kernels-*.json", 50 * 1024 * 1024):
         m = _NAME.search(path.name)
         date, device = (m.group(1), m.group(2)) if m else ("unknown date", "unknown device")
         records = data

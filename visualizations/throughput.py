@@ -3,14 +3,12 @@
 `sampling`, `tokens_per_s`, `speedup_vs_vanilla`, `mean_acceptance_length`)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import plotly.graph_objects as go
 
-from ._common import message_figure
+from ._common import message_figure, read_result_files
 
 NO_RESULTS = ("No end-to-end results yet. Run `python -m vegas_core.bench e2e` (on a CPU it uses a small "
               "workload); it writes bench/results/e2e-<date>-<device>.json, which this view reads.")
@@ -33,13 +31,7 @@ class E2EResults:
 def load_e2e_results(results_dir: str | os.PathLike = "bench/results") -> list[E2EResults]:
     """Every readable e2e-*.json with records, newest first. Unreadable files are skipped."""
     out = []
-    for path in sorted(Path(results_dir).glob("e2e-*.json")):
-        try:
-            if path.stat().st_size > 20 * 1024 * 1024:
-                continue
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
+    for path, doc in read_result_files(results_dir, "e2e-*.json", 20 * 1024 * 1024):
         if not isinstance(doc, dict) or not isinstance(doc.get("records"), list):
             continue
         recs = [r for r in doc["records"] if isinstance(r, dict) and "method" in r and "tokens_per_s" in r]
