@@ -307,9 +307,7 @@ class EngineCore:
             tok = int(sample_from_probs(p[:1], [req.generator])[0])
             res = RejectionResult(num_accepted=0, tokens=[tok], bonus=False, draft_probs=[], target_probs=[])
         if req.sampling.is_greedy and drafts and self.options.trace:
-            # Greedy probabilities are one-hot; the trace shows the model's softmax confidence instead.
-            soft = torch.softmax(logits, dim=-1)
-            res.target_probs = [float(soft[i, t]) for i, t in enumerate(drafts)]
+            res.target_probs = _draft_confidence(logits, drafts)
         return res
 
     def _accept_greedy(self, drafts: list[int], targets: list[int], logits: torch.Tensor) -> RejectionResult:
@@ -320,9 +318,7 @@ class EngineCore:
         res = RejectionResult(num_accepted=n, tokens=drafts[:n] + [targets[n]], bonus=k > 0 and n == k,
                               draft_probs=[1.0] * k, target_probs=[float(d == t) for d, t in zip(drafts, targets)])
         if drafts and self.options.trace:
-            soft = torch.softmax(logits[:k], dim=-1)     # the model's confidence, as `_accept` records
-            res.target_probs = soft[torch.arange(k, device=soft.device),
-                                    torch.tensor(drafts, device=soft.device)].tolist()
+            res.target_probs = _draft_confidence(logits, drafts)
         return res
 
     def _select_all(self, accepted, collector: LogitCollector) -> None:
@@ -420,6 +416,14 @@ def kv_pool_bytes(device: torch.device, opts: EngineOptions, weights_bytes: int,
 def _weights_bytes(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
     itemsize = torch.empty((), dtype=dtype).element_size()
     return sum(w.numel() for w in weights.values()) * itemsize
+
+
+def _draft_confidence(logits: torch.Tensor, drafts: list[int]) -> list[float]:
+    """Greedy probabilities are one-hot; traces show the target's softmax probability of each draft
+    instead (row i of `logits` predicts draft i)."""
+    k = len(drafts)
+    soft = torch.softmax(logits[:k], dim=-1)
+    return soft[torch.arange(k, device=soft.device), torch.tensor(drafts, device=soft.device)].tolist()
 
 
 def _prob(x: float) -> float:
