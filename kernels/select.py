@@ -137,18 +137,22 @@ if triton is not None:
 
     @triton.jit
     def _selection_scores_kernel(
-            logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr,
-            s_lr, s_lh, s_ln, s_er, s_eh, s_ob, s_og, s_on, n_keys,
+            logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr, batch,
+            s_ll, s_lr, s_lh, s_ln, s_el, s_er, s_eh, s_ol, s_ob, s_og, s_on, n_keys,
             PER_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
             INTERPRET: tl.constexpr):
-        """One program = one request x one group x BLOCK_N positions; loops over the request's
-        rows, all the group's heads at once (a BLOCK_H x BLOCK_N tile per row)."""
-        req = tl.program_id(0)
+        """One program = one (layer, request) x one group x BLOCK_N positions; loops over the
+        request's rows, all the group's heads at once (a BLOCK_H x BLOCK_N tile per row). Every
+        layer of a model step in one launch."""
+        layer = tl.program_id(0) // batch
+        req = tl.program_id(0) % batch
         grp = tl.program_id(1)
         tile = tl.program_id(2)
         r0 = tl.load(start_ptr + req)
         nr = tl.load(count_ptr + req)
         base = tl.load(bases_ptr + req)
+        logits_ptr += layer.to(tl.int64) * s_ll
+        lse_ptr += layer.to(tl.int64) * s_el
 
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_h = tl.arange(0, BLOCK_H)
@@ -174,7 +178,8 @@ if triton is not None:
 
         score = acc / (nr * PER_GROUP).to(tl.float32)
         score = tl.where(n_valid, score, float("-inf"))
-        dst = out_ptr + req.to(tl.int64) * s_ob + grp * s_og + offs_n.to(tl.int64) * s_on
+        dst = (out_ptr + layer.to(tl.int64) * s_ol + req.to(tl.int64) * s_ob + grp * s_og
+               + offs_n.to(tl.int64) * s_on)
         tl.store(dst, score, mask=offs_n < n_keys)
 
     @triton.jit
@@ -223,22 +228,26 @@ def _interpreting() -> bool:
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
                      block_n: int = 64):
-    """Triton version of ``selection_scores_reference`` (see the module docstring). Grid:
-    (request, group, ``block_n``-position tiles)."""
+    """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
+    every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
+    launch (the same requests and rows in every layer). Grid: (layer x request, group,
+    ``block_n``-position tiles)."""
     if triton is None:
         raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
-    rows, heads, n = logits.shape
+    single = logits.dim() == 3
+    if single:
+        logits, lse = logits[None], lse[None]
+    layers, rows, heads, n = logits.shape
     groups, per_group = _groups(granularity, heads, kv_heads)
     batch = row_start.shape[0]
-    out = torch.empty(batch, groups, n, dtype=torch.float32, device=logits.device)
-    if batch == 0 or n == 0:
-        return out
-    _selection_scores_kernel[(batch, groups, triton.cdiv(n, block_n))](
-        logits, lse, out, row_start, row_count, bases,
-        *logits.stride(), *lse.stride(), *out.stride(), n,
-        PER_GROUP=per_group, BLOCK_H=triton.next_power_of_2(per_group), BLOCK_N=block_n,
-        INTERPRET=_interpreting())
-    return out
+    out = torch.empty(layers, batch, groups, n, dtype=torch.float32, device=logits.device)
+    if batch and n and layers:
+        _selection_scores_kernel[(layers * batch, groups, triton.cdiv(n, block_n))](
+            logits, lse, out, row_start, row_count, bases, batch,
+            *logits.stride(), *lse.stride(), *out.stride(), n,
+            PER_GROUP=per_group, BLOCK_H=triton.next_power_of_2(per_group), BLOCK_N=block_n,
+            INTERPRET=_interpreting())
+    return out[0] if single else out
 
 
 def topk_positions(score, budgets, k_max: int | None = None):
@@ -270,13 +279,16 @@ def _topk_sorted(score, budgets, k_max: int):
 
 def update_page_bounds(k_cache, kmin, kmax, blocks) -> None:
     """In place: ``kmin[blk], kmax[blk]`` = element-wise min / max over physical block ``blk``'s
-    entries, for every ``blk`` in ``blocks`` (see the module docstring)."""
+    entries, for every ``blk`` in ``blocks`` (see the module docstring). Leading dimensions (e.g.
+    all layers, ``k_cache [L, num_blocks, ...]`` with ``kmin [L, num_blocks, KVH, d]``) are
+    handled in the same few calls."""
     blocks = torch.as_tensor(blocks, device=k_cache.device).long()
     if blocks.numel() == 0:
         return
-    keys = k_cache.index_select(0, blocks)                                    # [n, bs, KVH, d]
-    kmin.index_copy_(0, blocks, keys.amin(1).to(kmin.dtype))
-    kmax.index_copy_(0, blocks, keys.amax(1).to(kmax.dtype))
+    dim = k_cache.dim() - 4                                                    # the block axis
+    keys = k_cache.index_select(dim, blocks)                                   # [..., n, bs, KVH, d]
+    kmin.index_copy_(dim, blocks, keys.amin(dim + 1).to(kmin.dtype))
+    kmax.index_copy_(dim, blocks, keys.amax(dim + 1).to(kmax.dtype))
 
 
 def quest_page_scores_reference(q, kmin, kmax, block_tables, num_pages, granularity: str):
@@ -369,14 +381,20 @@ def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page
 
 
 def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, kv_heads: int,
-                  granularity: str):
-    """A whole model step's selection: ``collected`` is one ``(logits [R, H, N], lse [R, H])``
-    pair per layer (all with the same N); returns int32 ``[L, B, G, k_max]``, per (layer,
-    request, group) the top ``budgets[b]`` positions ascending (padding 0). The scores of every
-    layer go through one top-k, so the per-call cost is paid once per step, not once per layer."""
-    scores = torch.stack([selection_scores(lg, ls, row_start, row_count, bases, kv_heads, granularity)
-                          for lg, ls in collected])                          # [L, B, G, N]
-    layers, batch, groups, n = scores.shape
+                  granularity: str, n_keys: int | None = None):
+    """A whole model step's selection. ``collected`` is ``(logits [L, R, H, W], lse [L, R, H])``
+    (`LogitCollector.stacked`), or a list of one ``(logits [R, H, W], lse [R, H])`` pair per
+    layer; only positions below ``n_keys`` (default W; at least ``max(bases)``) are scored.
+    Returns int32 ``[L, B, G, k_max]``, per (layer, request, group) the top ``budgets[b]``
+    positions ascending (padding 0). One scoring launch and one top-k for every layer, so the
+    per-call cost is paid once per step, not once per layer."""
+    if isinstance(collected, list):
+        collected = (torch.stack([lg for lg, _ in collected]), torch.stack([ls for _, ls in collected]))
+    logits, lse = collected
+    if n_keys is not None:
+        logits = logits[..., :n_keys]
+    scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity)
+    layers, batch, groups, n = scores.shape                                     # [L, B, G, N]
     budgets = _as_int_tensor(budgets, scores.device)
     pos = _topk_sorted(scores.view(layers * batch, groups, n), budgets.repeat(layers), k_max)
     return pos.view(layers, batch, groups, k_max)

@@ -123,33 +123,56 @@ def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
 if triton is not None:
 
     @triton.jit
-    def _attend_tile(start, q_tile, row_pos, m_valid, head, slot, m_i, l_i, acc, k_ptr, v_ptr,
-                     logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
-                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
-                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     COLLECT: tl.constexpr, PRECISION: tl.constexpr):
-        """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
-        and fold into the online-softmax state (m_i, l_i, acc)."""
+    def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
+                 s_vb, s_vt, s_vh, s_vd, s_tb, block_size,
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
+        """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
-        d_valid = offs_d < HEAD_DIM
         pos = start + offs_n
         n_valid = pos < ctx
         page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
         base_k = page.to(tl.int64) * s_kb + (pos % block_size) * s_kt + kvh * s_kh
         base_v = page.to(tl.int64) * s_vb + (pos % block_size) * s_vt + kvh * s_vh
-        kv_mask = n_valid[:, None] & d_valid[None, :]
+        kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
         k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask, other=0.0)
         v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
+        return pos, n_valid, k_tile, v_tile
 
+    @triton.jit
+    def _store_logits(logits_ptr, s, slot, head, keep, pos, n_valid, s_gr, s_gh, s_gc):
+        dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr + head[:, None] * s_gh
+               + pos[None, :] * s_gc)
+        tl.store(dst, s.to(tl.bfloat16), mask=keep[:, None] & n_valid[None, :])
+
+    @triton.jit
+    def _attend_tile(start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                     logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
+                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                     COLLECT: tl.constexpr, PRECISION: tl.constexpr):
+        """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
+        and fold into the online-softmax state (m_i, l_i, acc).
+
+        COLLECT 1 stores the main tile's scores for the rows with a slot (any row set); COLLECT 2
+        scores the first and last rows' heads again in a small tile of their own (q_c) and stores
+        only that: for Collect-2-Query the masked store of the whole BLOCK_M tile is most of the
+        collection's cost, and one more small dot is cheap next to the K/V gather."""
+        pos, n_valid, k_tile, v_tile = _load_kv(
+            start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
+            s_vb, s_vt, s_vh, s_vd, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
         s = tl.where(visible, s, float("-inf"))
-        if COLLECT:
-            keep = (slot >= 0) & m_valid
-            dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr + head[:, None] * s_gh
-                   + pos[None, :] * s_gc)
-            tl.store(dst, s.to(tl.bfloat16), mask=keep[:, None] & n_valid[None, :])
+        if COLLECT == 1:
+            _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
+                          s_gr, s_gh, s_gc)
+        if COLLECT == 2:
+            s_c = tl.dot(q_c, tl.trans(k_tile), input_precision=PRECISION) * scale
+            s_c = tl.where((pos[None, :] <= row_pos_c[:, None]) & n_valid[None, :], s_c,
+                           float("-inf"))
+            _store_logits(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid, s_gr, s_gh, s_gc)
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp(m_i - m_new)
@@ -161,10 +184,30 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
+    def _store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
+                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+        """-inf at positions [ctx, logits_len) of the collected rows (past the request's context,
+        up to the buffer's width), so the buffer needs no prior fill."""
+        offs_n = tl.arange(0, BLOCK_N)
+        neg = tl.full([ROWS, BLOCK_N], float("-inf"), dtype=tl.float32)
+        if INTERPRET:
+            start = ctx
+            while start < logits_len:
+                pos = start + offs_n
+                _store_logits(logits_ptr, neg, slot, head, keep, pos, pos < logits_len,
+                              s_gr, s_gh, s_gc)
+                start += BLOCK_N
+        else:
+            for start in range(ctx, logits_len, BLOCK_N):
+                pos = start + offs_n
+                _store_logits(logits_ptr, neg, slot, head, keep, pos, pos < logits_len,
+                              s_gr, s_gh, s_gc)
+
+    @triton.jit
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
             part_acc_ptr, part_ml_ptr,
-            tables_ptr, ctx_ptr, qloc_ptr, scale, split_len, num_splits, logits_len,
+            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, logits_len,
             s_qt, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
             s_vb, s_vt, s_vh, s_vd,
@@ -175,14 +218,17 @@ if triton is not None:
             s_ps, s_pt, s_ph,
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COLLECT: tl.constexpr,
-            SPLIT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
+            COLLECT: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+            INTERPRET: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
-        over BLOCK_N-key tiles gathered via the block table. With SPLIT, program (req, kvh, s) covers
-        keys [s * split_len, (s + 1) * split_len) and leaves its unnormalised partial state for
-        `_merge_splits_kernel` (flash-decoding)."""
+        over BLOCK_N-key tiles gathered via the block table. With SPLIT, program (req, kvh, s)
+        covers keys [s * split_len, (s + 1) * split_len) of ITS request, split_len being that
+        request's context over num_splits in whole tiles (every request uses every split, and
+        nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
+        unnormalised partial state for `_merge_splits_kernel` (flash-decoding)."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
@@ -190,6 +236,7 @@ if triton is not None:
         ctx = tl.load(ctx_ptr + req)
         if SPLIT:
             split = tl.program_id(2)
+            split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
             lo = split * split_len
             hi = tl.minimum(ctx, lo + split_len)
         else:
@@ -207,7 +254,19 @@ if triton is not None:
         q_tile = tl.load(q_ptr + (q_start + row)[:, None] * s_qt + head[:, None] * s_qh
                          + offs_d[None, :] * s_qd,
                          mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-        slot = tl.load(slot_ptr + q_start + row, mask=m_valid & COLLECT, other=-1)
+        slot = tl.load(slot_ptr + q_start + row, mask=m_valid & (COLLECT == 1), other=-1)
+        # COLLECT 2: tile row c holds head c % GROUP of the first (c < GROUP) or last row; the
+        # last is dropped when it is the first (q_len 1) and any row without a slot is dropped.
+        offs_c = tl.arange(0, BLOCK_C)
+        c_row = tl.where(offs_c < GROUP, 0, q_len - 1)
+        head_c = kvh * GROUP + offs_c % GROUP
+        c_valid = (offs_c < 2 * GROUP) & ((offs_c < GROUP) | (q_len > 1)) & (q_len > 0) \
+            & (COLLECT == 2)
+        slot_c = tl.load(slot_ptr + q_start + c_row, mask=c_valid, other=-1)
+        keep_c = c_valid & (slot_c >= 0)
+        q_c = tl.load(q_ptr + (q_start + c_row)[:, None] * s_qt + head_c[:, None] * s_qh
+                      + offs_d[None, :] * s_qd, mask=keep_c[:, None] & d_valid[None, :], other=0.0)
+        row_pos_c = ctx - q_len + c_row
 
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)          # finite: padded rows stay NaN-free
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -218,7 +277,8 @@ if triton is not None:
             start = lo
             while start < hi:
                 m_i, l_i, acc = _attend_tile(
-                    start, q_tile, row_pos, m_valid, head, slot, m_i, l_i, acc, k_ptr, v_ptr,
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
@@ -226,35 +286,23 @@ if triton is not None:
         else:
             for start in range(lo, hi, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
-                    start, q_tile, row_pos, m_valid, head, slot, m_i, l_i, acc, k_ptr, v_ptr,
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
 
-        if COLLECT:
-            # Positions past this request's context up to the buffer's width (the batch's longest
-            # context) are -inf; the last split writes them, so the buffer needs no prior fill.
-            last = True
+        if COLLECT != 0:
+            last = True          # the last split writes the -inf tail
             if SPLIT:
                 last = split == num_splits - 1
             if last:
-                keep = (slot >= 0) & m_valid
-                offs_n = tl.arange(0, BLOCK_N)
-                neg = tl.full([BLOCK_M, BLOCK_N], float("-inf"), dtype=tl.float32).to(tl.bfloat16)
-                if INTERPRET:
-                    start = ctx
-                    while start < logits_len:
-                        pos = start + offs_n
-                        dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr
-                               + head[:, None] * s_gh + pos[None, :] * s_gc)
-                        tl.store(dst, neg, mask=keep[:, None] & (pos < logits_len)[None, :])
-                        start += BLOCK_N
+                if COLLECT == 1:
+                    _store_neg_tail(logits_ptr, slot, head, (slot >= 0) & m_valid, ctx,
+                                    logits_len, s_gr, s_gh, s_gc, BLOCK_M, BLOCK_N, INTERPRET)
                 else:
-                    for start in range(ctx, logits_len, BLOCK_N):
-                        pos = start + offs_n
-                        dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr
-                               + head[:, None] * s_gh + pos[None, :] * s_gc)
-                        tl.store(dst, neg, mask=keep[:, None] & (pos < logits_len)[None, :])
+                    _store_neg_tail(logits_ptr, slot_c, head_c, keep_c, ctx, logits_len,
+                                    s_gr, s_gh, s_gc, BLOCK_C, BLOCK_N, INTERPRET)
 
         o_rows = (q_start + row)
         if SPLIT:
@@ -326,7 +374,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      scale: float, collect: str = "none", block_n: int = 128,
                      num_splits: int | None = None, max_ctx: int | None = None,
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
-                     num_warps: int = 4, num_stages: int = 2):
+                     num_warps: int = 4, num_stages: int = 2, c2q_tile: bool | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; 128 keys, 4 warps and 2
@@ -334,6 +382,10 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     (bench/results/kernels-2026-11-30-h200.json, `sweep: tune`). ``num_splits`` splits each
     request's context into that many equal ranges processed by separate programs and merged
     (flash-decoding); None picks `default_num_splits`.
+
+    ``c2q_tile``: collect through a small tile of the first and last rows only (valid when every
+    collected row is one of its request's first or last; None: exactly when ``collect="c2q"``)
+    instead of storing from the main tile.
 
     An engine attends the same batch in every layer; it passes what does not change so that no
     call reads the device from the host: ``max_ctx`` (the longest context), ``max_q`` (the most
@@ -344,33 +396,55 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     total, heads, dim = q.shape
     rows_kept = collected_rows(q_start_loc, collect, total)
     batch = context_lens.shape[0]
-    kv_heads = k_cache.shape[2]
-    group = heads // kv_heads
     if max_q is None:
         max_q = int((q_start_loc[1:] - q_start_loc[:-1]).max()) if batch else 0
-    out = torch.empty_like(q)
-    lse = torch.empty(total, heads, dtype=torch.float32, device=q.device)
     if max_ctx is None:
         max_ctx = int(context_lens.max()) if batch else 0
+    out = torch.empty_like(q)
+    lse = torch.empty(total, heads, dtype=torch.float32, device=q.device)
+    logits = None
     do_collect = _collects(collect)
     if do_collect:
         logits = torch.empty((len(rows_kept), heads, max_ctx), dtype=torch.bfloat16,
                              device=q.device)   # every entry is written by the kernel
-        slot = row_slot if row_slot is not None else \
-            collected_row_slots(rows_kept, total).to(q.device)
-    else:
-        logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
-        slot = torch.empty(1, dtype=torch.int32, device=q.device)
+        if row_slot is None:
+            row_slot = collected_row_slots(rows_kept, total).to(q.device)
+    if num_splits is None:
+        num_splits = default_num_splits(batch, k_cache.shape[2], max_ctx)
+    if c2q_tile is None:
+        c2q_tile = isinstance(collect, str) and collect == "c2q"
+    verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc, scale,
+                          out, lse, max_q=max_q, num_splits=num_splits, logits=logits,
+                          row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
+                          block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
+
+
+def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
+                          scale: float, out, lse, *, max_q: int, num_splits: int, logits=None,
+                          row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
+                          block_n: int = 128, num_warps: int = 4, num_stages: int = 2) -> None:
+    """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
+    given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
+    for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
+    size is a host number, so nothing is read back from the device. ``max_q`` bounds the rows of
+    one request; padding rows past ``q_start_loc[-1]`` and requests with no rows are allowed (their
+    output rows are left unwritten). ``logits_len``: positions [ctx, logits_len) of collected rows
+    are set to -inf (0: left unwritten, for a caller that never reads past each request's
+    context)."""
+    total, heads, dim = q.shape
+    batch = context_lens.shape[0]
+    kv_heads = k_cache.shape[2]
+    group = heads // kv_heads
     if batch == 0 or total == 0:
-        return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
+        return
+    collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
+    if logits is None:
+        logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
+        row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
     block_m = max(16, triton.next_power_of_2(max_q * group))
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if num_splits is None:
-        num_splits = default_num_splits(batch, kv_heads, max_ctx)
-    # Equal ranges, each a whole number of tiles, covering the longest context.
-    split_len = block_n * max(1, -(-max_ctx // (num_splits * block_n)))
-    num_splits = max(1, -(-max_ctx // split_len))
     split = num_splits > 1
     if split:
         part_acc = torch.empty(num_splits, total, heads, dim, dtype=torch.float32, device=q.device)
@@ -379,16 +453,15 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     _verify_attention_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, lse, logits, slot, part_acc, part_ml,
-        block_tables, context_lens, q_start_loc, float(scale), split_len, num_splits, max_ctx,
+        q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml,
+        block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        COLLECT=do_collect, SPLIT=split, PRECISION=precision, INTERPRET=_interpreting(),
-        num_warps=num_warps, num_stages=num_stages)
+        BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
+        PRECISION=precision, INTERPRET=_interpreting(), num_warps=num_warps, num_stages=num_stages)
     if split:
         _merge_splits_kernel[(total, heads)](
             part_acc, part_ml, out, lse, heads, s_ps, s_pt, s_ph, *out.stride(), *lse.stride(),
             NUM_SPLITS=num_splits, HEAD_DIM=dim, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
             BLOCK_D=block_d)
-    return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)

@@ -4,7 +4,8 @@ Contract: the pool has `num_blocks` pages of `block_size` token slots. Each sequ
 block table; `ensure(seq, n)` makes it cover `n` slots (allocating pages), `truncate(seq, n)` gives
 back pages past `n` slots (speculation drops rejected tokens), `free(seq)` gives back all of them.
 A page is owned by at most one sequence at a time. Running out is reported, never half-done:
-`ensure` either allocates everything it needs or nothing.
+`ensure` either allocates everything it needs or nothing. `version(seq)` changes whenever the
+sequence's table does, so a caller may keep a copy of the table (e.g. on a GPU) until it changes.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class BlockAllocator:
         # Hand out low page numbers first so a fresh pool fills from the start (easier to read in traces).
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
         self._tables: dict[int, list[int]] = {}
+        self._versions: dict[int, int] = {}
+        self._clock = 0
 
     # -- queries -------------------------------------------------------------------------------
     @property
@@ -33,6 +36,14 @@ class BlockAllocator:
 
     def block_table(self, seq_id: int) -> list[int]:
         return self._tables.get(seq_id, [])
+
+    def version(self, seq_id: int) -> int:
+        """A number that differs from every earlier one of this sequence once its table changed."""
+        return self._versions.get(seq_id, 0)
+
+    def _touch(self, seq_id: int) -> None:
+        self._clock += 1
+        self._versions[seq_id] = self._clock
 
     def capacity(self, seq_id: int) -> int:
         return len(self.block_table(seq_id)) * self.block_size
@@ -62,6 +73,8 @@ class BlockAllocator:
             raise OutOfBlocks(f"sequence {seq_id} needs {extra} more pages, {len(self._free)} free")
         for _ in range(max(extra, 0)):
             table.append(self._free.pop())
+        if extra > 0:
+            self._touch(seq_id)
         return table
 
     def truncate(self, seq_id: int, num_tokens: int) -> None:
@@ -70,9 +83,12 @@ class BlockAllocator:
         if table is None:
             return
         keep = self.blocks_needed(num_tokens)
+        if len(table) > keep:
+            self._touch(seq_id)
         while len(table) > keep:
             self._free.append(table.pop())
 
     def free(self, seq_id: int) -> None:
+        self._touch(seq_id)
         for page in reversed(self._tables.pop(seq_id, [])):
             self._free.append(page)

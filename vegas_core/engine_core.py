@@ -56,6 +56,7 @@ class EngineOptions:
     max_prefill_tokens: int = 1024
     trace: bool = False                    # record per-iteration trace dicts on each request
     attention: str = "auto"                # "auto" (Triton on a GPU), "reference" or "triton"
+    cuda_graphs: str = "auto"              # "auto" (on a GPU's kernel path), "off" (eager) or "static"
 
 
 class EngineCore:
@@ -70,7 +71,7 @@ class EngineCore:
             1, kv_pool_bytes(self.device, opts, _weights_bytes(weights, dtype))
             // KVPool.bytes_per_block(config, opts.block_size, dtype))
         self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts.block_size,
-                                  opts.attention)
+                                  opts.attention, opts.cuda_graphs, opts.max_num_seqs)
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
         self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens)
         self.requests: dict[int, Request] = {}
@@ -131,9 +132,7 @@ class EngineCore:
         self.allocator.ensure(child.request_id, n)
         src = self.runner.slots(self.allocator, parent.request_id, 0, n)
         dst = self.runner.slots(self.allocator, child.request_id, 0, n)
-        for layer in range(self.config.num_layers):
-            for cache in self.runner.pool.flat(layer):
-                cache[dst] = cache[src]
+        self.runner.pool.copy_slots(src, dst)
         child.num_cached = n
         return child
 
@@ -274,7 +273,7 @@ class EngineCore:
             active = [r for r in drafting if r.spec.gamma > j]
             entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
                                   r.num_cached + j, sparse=r.selection, logits="last") for r in active]
-            logits = self.runner.forward(entries, self.allocator)
+            logits = self.runner.forward(entries, self.allocator, graph=True)
             if all(r.sampling.is_greedy for r in active):
                 # Temperature 0: the draft is the argmax, one op and one host read for the batch;
                 # greedy acceptance needs no draft distribution.
@@ -296,7 +295,7 @@ class EngineCore:
             rows = collect_rows(r.spec.method, 1 + len(d)) if r.spec.speculative else None
             entries.append(BatchEntry(r.request_id, [r.token_ids[-1]] + d, r.num_cached,
                                       collect_rows=rows, logits="all"))
-        logits = self.runner.forward(entries, self.allocator, collector)
+        logits = self.runner.forward(entries, self.allocator, collector, graph=True)
         return entries, logits, collector
 
     def _accept(self, req: Request, drafts: list[int], qprobs, logits: torch.Tensor):

@@ -2,6 +2,11 @@
 
 The layout is vLLM's flash layout, which the Triton kernels read too. Token slot `s` of the flat
 view [num_blocks * block_size, kv_heads, head_dim] is page `s // block_size`, offset `s % block_size`.
+
+All layers live in one tensor `kv` [2, layers, num_blocks + 1, block_size, kv_heads, head_dim]
+(`k[layer]`, `v[layer]` are views of it), so whole-model operations (Quest's page bounds, copying
+a prefix) are one call, not one per layer. The extra block past `num_blocks` belongs to no
+sequence: a CUDA graph's padding rows write their K/V to `scratch_slot` in it.
 """
 from __future__ import annotations
 
@@ -13,10 +18,12 @@ from .config import ModelConfig
 class KVPool:
     def __init__(self, config: ModelConfig, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        shape = (2, config.num_layers, num_blocks + 1, block_size, config.num_kv_heads, config.head_dim)
         self.num_blocks, self.block_size = num_blocks, block_size
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = list(self.kv[0].unbind(0))
+        self.v = list(self.kv[1].unbind(0))
+        self.scratch_slot = num_blocks * block_size
 
     def flat(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """[slots, kv_heads, head_dim] views of one layer's K and V."""
@@ -32,6 +39,11 @@ class KVPool:
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
         itemsize = torch.empty((), dtype=dtype).element_size()
         return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * itemsize
+
+    def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's K and V at flat slots `dst` = those at `src` (one gather, one scatter)."""
+        flat = self.kv.view(2, self.kv.shape[1], -1, *self.kv.shape[4:])
+        flat[:, :, dst] = flat[:, :, src]
 
 
 def slot_index(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:

@@ -4,13 +4,16 @@ dict fits with `load_state_dict(strict=True)`. Attention goes through a backend 
 
 Contract: `CausalLM.forward(input_ids [T], positions [T], pool, meta, logit_rows [R] | None,
 seq_lens [T] | None)` writes the new tokens' K/V into the pool and returns logits [R, vocab] float32
-for the requested rows (all rows when None).
+for the requested rows (all rows when None). With `CausalLM.fused_ops` (the GPU path) the same maths
+runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels.fused import add_rms_norm, rotary_qkv, silu_mul
 
 from .attention import AttentionMetadata
 from .config import ModelConfig
@@ -68,6 +71,19 @@ class Attention(nn.Module):
         o = backend.forward(self.layer, q, k, v, pool, meta)
         return self.o_proj(o.reshape(t, -1))
 
+    def forward_fused(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
+        """`forward` with one kernel for the rotary and the pool write; cos/sin [T, head_dim].
+        Qwen3's per-head q/k RMSNorm is fused into that kernel too (before the rotation, with
+        RMSNorm's roundings), so no layer falls back to the unfused path. The backend is told
+        (k = v = None) that the K/V are in the pool already."""
+        c = self.cfg
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        norms = (self.q_norm.weight, self.k_norm.weight) if c.qk_norm else (None, None)
+        q = rotary_qkv(qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, pool.k[self.layer],
+                       pool.v[self.layer], meta.slot_mapping, *norms, c.rms_norm_eps)
+        o = backend.forward(self.layer, q, None, None, pool, meta)
+        return self.o_proj(o.reshape(x.shape[0], -1))
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -82,6 +98,9 @@ class MLP(nn.Module):
     def forward(self, x):
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+    def forward_fused(self, x):
+        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
 
 
 def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
@@ -106,6 +125,16 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, pool, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_fused(self, delta, residual, cos, sin, backend, pool, meta):
+        """The residual stream carried as (delta, residual) with each add done inside the next
+        RMSNorm kernel: the stream is `delta + residual` (just `delta`, the embeddings, when
+        residual is None). Returns this layer's (mlp output, stream before adding it)."""
+        ln_in, ln_post = self.input_layernorm, self.post_attention_layernorm
+        h, residual = add_rms_norm(delta, ln_in.weight, ln_in.eps, residual)
+        attn = self.self_attn.forward_fused(h, cos, sin, backend, pool, meta)
+        h, residual = add_rms_norm(attn, ln_post.weight, ln_post.eps, residual)
+        return self.mlp.forward_fused(h), residual
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -123,6 +152,9 @@ class CausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryEmbedding(cfg)
         self.backend = None  # set by the model runner
+        # The GPU path (set by the model runner there): Triton kernels fuse the residual adds into
+        # the RMSNorms, rotary + pool write, and SiLU * up; same maths, far fewer launches.
+        self.fused_ops: bool = False
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
@@ -145,8 +177,23 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         # Shaped and cast once for all layers: [T, 1, head_dim] in the activation dtype.
         cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+        if self.fused_ops:
+            return self._forward_fused(x, cos[:, 0], sin[:, 0], pool, meta, logit_rows)
         for layer in self.model.layers:
             x = layer(x, cos, sin, self.backend, pool, meta)
         if logit_rows is not None:
             x = x[logit_rows]
         return self.lm_head(self.model.norm(x)).float()
+
+    def _forward_fused(self, x, cos, sin, pool, meta, logit_rows):
+        """`forward`'s layers and final norm through `DecoderLayer.forward_fused`; the last
+        residual add happens in the final norm, after the logit rows are picked (the add is
+        element-wise, so picking first gives the same rows)."""
+        delta, residual = x, None
+        for layer in self.model.layers:
+            delta, residual = layer.forward_fused(delta, residual, cos, sin, self.backend, pool, meta)
+        if logit_rows is not None:
+            delta = delta[logit_rows]
+            residual = None if residual is None else residual[logit_rows]
+        norm = self.model.norm
+        return self.lm_head(add_rms_norm(delta, norm.weight, norm.eps, residual)[0]).float()

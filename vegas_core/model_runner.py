@@ -56,9 +56,13 @@ def _triton_available() -> bool:
     return True
 
 
+GRAPH_CHOICES = ("auto", "off", "static")
+
+
 class ModelRunner:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, num_blocks: int, block_size: int, attention: str = "auto"):
+                 dtype: torch.dtype, num_blocks: int, block_size: int, attention: str = "auto",
+                 graphs: str = "auto", max_batch: int = 128):
         self.config, self.device, self.dtype = config, device, dtype
         self.block_size = block_size
         model = CausalLM(config)
@@ -74,16 +78,35 @@ class ModelRunner:
             from .attention.page_bounds import PageBounds
             self.page_bounds = PageBounds(self.pool)
             self.model.backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds)
+            self.model.fused_ops = True          # fused norms, rotary + pool write, SiLU * up
         else:
             self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
+        self.graphs = self._graph_runner(graphs, max_batch)
+
+    def _graph_runner(self, choice: str, max_batch: int):
+        """CUDA graphs for decode-time forwards: "auto" captures them on a GPU with the kernels,
+        "off" runs every forward eagerly (debugging), "static" runs the graphs' static buffers
+        without capturing (how CPU tests check that path under Triton's interpreter)."""
+        if choice not in GRAPH_CHOICES:
+            raise InvalidRequestError(f"cuda_graphs must be one of {', '.join(GRAPH_CHOICES)}, got {choice!r}")
+        if choice == "off" or not self.kernels or (choice == "auto" and self.device.type != "cuda"):
+            return None
+        from .graphs import GraphRunner
+        return GraphRunner(self, max_batch, capture=choice == "auto")
 
     @property
     def kernels(self) -> bool:
         return self.attention == "triton"
 
     def forward(self, entries: list[BatchEntry], allocator: BlockAllocator,
-                collector: LogitCollector | None = None) -> torch.Tensor:
-        """Run one batched forward. Returns float32 logits for the requested rows, in entry order."""
+                collector: LogitCollector | None = None, graph: bool = False) -> torch.Tensor:
+        """Run one batched forward. Returns float32 logits for the requested rows, in entry order.
+        `graph`: a decode-time forward (decode, draft, verification) that a CUDA graph may run;
+        its logits are then valid until the next forward."""
+        if graph and self.graphs is not None:
+            logits = self.graphs.run(entries, allocator, collector)
+            if logits is not None:
+                return logits
         dev, bs = self.device, self.block_size
         ends = [e.start + len(e.tokens) for e in entries]
         # Every request's pool slots by position, padded to the longest: built once, on the device,

@@ -315,7 +315,7 @@ def test_select_layers_equals_per_layer_selection():
     """One top-k over every layer's scores = each layer's own selection_scores + topk_positions."""
     from kernels.select import select_layers, selection_scores, topk_positions
     g = torch.Generator().manual_seed(11)
-    rows, heads, kvh, n = 5, 6, 3, 40
+    rows, heads, kvh, n = 5, 6, 3, 48     # wider than every base: n_keys=40 scores less
     collected = []
     for _ in range(3):
         lg = (torch.randperm(rows * heads * n, generator=g).float() / 64).view(rows, heads, n)
@@ -324,8 +324,11 @@ def test_select_layers_equals_per_layer_selection():
     count = torch.tensor([2, 1, 2], dtype=torch.int32, device=DEVICE)
     bases = torch.tensor([40, 17, 30], dtype=torch.int32, device=DEVICE)
     budgets = torch.tensor([9, 0, 30], dtype=torch.int32, device=DEVICE)
+    stacked = (torch.stack([lg for lg, _ in collected]), torch.stack([ls for _, ls in collected]))
     for gran in ("layer", "kv-head"):
         got = select_layers(collected, start, count, bases, budgets, 30, kvh, gran)
+        # The stacked form (one launch for every layer) and a narrower scored width agree.
+        assert torch.equal(select_layers(stacked, start, count, bases, budgets, 30, kvh, gran, n_keys=40), got)
         for layer, (lg, ls) in enumerate(collected):
             want, _ = topk_positions(selection_scores(lg, ls, start, count, bases, kvh, gran), budgets)
             for b, k in enumerate(budgets.tolist()):

@@ -4,7 +4,8 @@
 Tolerances: fp32 inputs; `out` and `lse` must match with atol = rtol = 1e-4; collected logits are
 bf16 and must match the reference's bf16 logits with rtol = 1e-2 (atol 1e-2 for values near zero)
 and have -inf exactly where the reference does. `out` and `lse` must be bit-identical whether
-nothing, the first and last rows (c2q) or all rows are collected.
+nothing, the first and last rows (c2q, through the main tile or the small first/last tile) or all
+rows are collected, and whether the call is padded as a CUDA graph pads it.
 """
 import math
 import os
@@ -12,7 +13,8 @@ import os
 import pytest
 import torch
 
-from kernels.verify_attention import (collected_rows, default_num_splits, verify_attention,
+from kernels.verify_attention import (collected_row_slots, collected_rows, default_num_splits,
+                                      verify_attention, verify_attention_into,
                                       verify_attention_reference)
 from tests.kernels.paged import shuffled_tables
 from vegas_core.attention.reference import causal_mask, dense_scores, weighted_values
@@ -58,14 +60,15 @@ def check_logits(got, want):
 @pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim", CASES)
 def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads, head_dim,
                                                     num_splits):
-    """Single pass and split-K (3 splits of a 70-key context: 32 + 32 + 6 keys, and requests
-    shorter than the first split leave later splits empty) both match the reference."""
+    """Single pass and split-K both match the reference. With 16-key tiles each request's context
+    is cut into 3 ranges of whole tiles (70 keys: 32 + 32 + 6; 5 keys: 16 + two empty ones)."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim)
-    base_out, base_lse, none = verify_attention(*args, collect="none", num_splits=num_splits)
+    kw = dict(num_splits=num_splits, block_n=16)
+    base_out, base_lse, none = verify_attention(*args, collect="none", **kw)
     assert none is None
-    for collect in ("none", "c2q", "all"):
+    for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
         ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
-        out, lse, logits = verify_attention(*args, collect=collect, num_splits=num_splits)
+        out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
         torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
         assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
@@ -73,6 +76,51 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             assert logits is None and ref_logits is None
         else:
             check_logits(logits, ref_logits)
+
+
+def test_c2q_tile_collects_an_explicit_first_last_subset():
+    """A batch mixing policies: request 0 collects nothing, 1 its only row, 2 its first row only,
+    3 its first and last. The small first/last tile stores exactly those rows (every other row of
+    the buffer keeps its poison), as the main-tile store does."""
+    q_lens, ctx_lens = [3, 1, 5, 4], [20, 33, 47, 64]
+    args = make_case(q_lens, ctx_lens, 9, 3, 16, seed=11)
+    rows = [3, 4, 9, 12]     # flat rows: request 1's row 0, 2's first, 3's first and last
+    _, _, ref = verify_attention_reference(*args, collect=rows)
+    for c2q_tile in (True, False):
+        _, _, got = verify_attention(*args, collect=rows, c2q_tile=c2q_tile, num_splits=2, block_n=16)
+        check_logits(got, ref)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the merge of padding rows reads unset memory
+def test_graph_padded_launch_matches_unpadded():
+    """As a CUDA graph calls it: padding requests with no rows and no context after the real ones,
+    padding rows past the last request, a logits buffer wider than any context whose tail is left
+    unwritten (logits_len 0), outputs preallocated. Real rows equal the plain call bit for bit."""
+    q_lens, ctx_lens = [2, 7, 1], [30, 51, 18]
+    q, k_cache, v_cache, tables, ctx, loc, scale = make_case(q_lens, ctx_lens, 9, 3, 16, seed=5)
+    total, pad_rows, pad_reqs, width = int(loc[-1]), 6, 2, 80
+    rows = collected_rows(loc.cpu(), "c2q")
+    want_out, want_lse, want = verify_attention(q, k_cache, v_cache, tables, ctx, loc, scale,
+                                                collect="c2q", num_splits=3, block_n=16)
+    qp = torch.cat([q, torch.randn(pad_rows, *q.shape[1:], device=q.device)])
+    tp = torch.cat([tables, torch.zeros(pad_reqs, tables.shape[1], dtype=tables.dtype,
+                                        device=tables.device)])
+    cp = torch.cat([ctx, torch.zeros(pad_reqs, dtype=ctx.dtype, device=ctx.device)])
+    lp = torch.cat([loc, loc[-1:].expand(pad_reqs)])
+    slot = collected_row_slots(rows, total + pad_rows).to(q.device)
+    out = torch.full_like(qp, float("nan"))
+    lse = torch.full((total + pad_rows, 9), float("nan"), device=q.device)
+    logits = torch.full((len(rows) + 3, 9, width), 7.0, dtype=torch.bfloat16, device=q.device)
+    for c2q_tile in (True, False):
+        verify_attention_into(qp, k_cache, v_cache, tp, cp, lp, scale, out, lse, max_q=7,
+                              num_splits=3, logits=logits, row_slot=slot, c2q_tile=c2q_tile,
+                              logits_len=0, block_n=16)
+        assert torch.equal(out[:total], want_out) and torch.equal(lse[:total], want_lse)
+        for j, r in enumerate(rows.tolist()):
+            c = int(ctx[[i for i in range(3) if loc[i] <= r < loc[i + 1]][0]])
+            assert torch.equal(logits[j, :, :c], want.logits[j, :, :c])
+            assert (logits[j, :, c:] == 7.0).all()          # past the context: left unwritten
+        assert (logits[len(rows):] == 7.0).all()            # slots nobody owns
 
 
 def test_block_size_and_tile_independent():

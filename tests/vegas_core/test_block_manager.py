@@ -50,7 +50,7 @@ def test_no_page_owned_twice_under_churn():
     import random
     rng = random.Random(0)
     a = BlockAllocator(64, 16)
-    lengths = {}
+    lengths, seen = {}, {}
     for _ in range(2000):
         seq = rng.randrange(10)
         op = rng.random()
@@ -69,3 +69,6 @@ def test_no_page_owned_twice_under_churn():
         assert len(owners) + a.num_free == 64
         for s, n in lengths.items():
             assert a.capacity(s) >= n
+        # A table seen before under the same version must be the same table (copies stay valid).
+        key = (seq, a.version(seq))
+        assert seen.setdefault(key, list(a.block_table(seq))) == a.block_table(seq)

@@ -2,10 +2,13 @@
 the whole batch of a layer, instead of the reference's one request at a time.
 
 Per forward, at the first layer, the backend sorts the requests into groups and builds their
-tensors once (every layer attends the same batch):
+tensors once (every layer attends the same batch): a `_Plan`. A CUDA graph (`vegas_core.graphs`)
+builds its plan itself, from its static buffers, and the same code below runs it.
 - dense, at most 17 rows (decode steps, verifications, short prefill chunks): one
-  `verify_attention` call, collecting the logits of exactly the rows each request's policy asks
-  for (`LogitCollector.batched`);
+  `verify_attention` launch, collecting the logits of exactly the rows each request's policy asks
+  for into one [layers, rows, heads, width] buffer (`LogitCollector.layer_logits`); when every
+  collected row is its request's first or last (Collect-2-Query), through the kernel's small
+  first/last tile;
 - drafts with a fixed selection (vegas, vegas-all, specextend, stream): one `sparse_attention`
   call over their [L, B, G, K] index tensor plus each request's tail;
 - Quest drafts: per granularity, page scores from the draft query against the pool's block bounds
@@ -23,31 +26,34 @@ import torch
 
 from kernels.select import quest_page_scores, quest_positions, quest_sizes
 from kernels.sparse_attention import sparse_attention
-from kernels.verify_attention import MAX_Q_ROWS, collected_row_slots, verify_attention
+from kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots, default_num_splits,
+                                      verify_attention_into)
 
 from ..kv_cache import KVPool
+from ..spec.select import stream_indices
+from ..spec.views import StreamSelection
 from .metadata import AttentionMetadata
 from .reference import ReferenceBackend
 
 
 @dataclass
 class _Dense:
-    seqs: list[int]
     rows: torch.Tensor | None        # flat q rows of the group (None: every row, in order)
-    tables: torch.Tensor
-    ctx: torch.Tensor
-    qloc: torch.Tensor
-    max_ctx: int
+    tables: torch.Tensor             # int32 [B, blocks]
+    ctx: torch.Tensor                # int32 [B]
+    qloc: torch.Tensor               # int32 [B + 1]
     max_q: int
-    collect: object = "none"         # explicit flat rows (within the group) or "none"
-    row_slot: torch.Tensor | None = None
-    collected_rows: torch.Tensor | None = None   # device: the group's rows that were collected
+    num_splits: int
+    row_slot: torch.Tensor | None = None   # int32 [rows]: collected slot of each row, -1 if none
+    c2q_tile: bool = False           # every collected row is its request's first or last
+    logits: torch.Tensor | None = None     # bf16 [L, R, H, W]: collected logits, every layer
+    lse: torch.Tensor | None = None        # float32 [L, rows, H], kept when collecting
 
 
 @dataclass
 class _Sparse:
-    seqs: list[int]
-    rows: torch.Tensor               # the draft row of each request (flat q index)
+    seqs: list[int]                  # indices into meta.seqs (empty in a CUDA graph)
+    rows: torch.Tensor | None        # the draft row of each request (None: every row, in order)
     tables: torch.Tensor
     ctx: torch.Tensor
     tail: torch.Tensor               # first position attended in full (the base)
@@ -65,10 +71,14 @@ class _Sparse:
 
 @dataclass
 class _Plan:
-    dense: _Dense | None = None
-    fixed: _Sparse | None = None
-    quest: list[_Sparse] = field(default_factory=list)
+    groups: list = field(default_factory=list)   # _Dense / _Sparse, each on its own rows
     long: list[int] = field(default_factory=list)
+
+    @property
+    def whole(self):
+        """The group whose output is the layer's (it covers every row, in order), or None."""
+        return self.groups[0] if len(self.groups) == 1 and self.groups[0].rows is None \
+            and not self.long else None
 
 
 class KernelBackend:
@@ -79,36 +89,20 @@ class KernelBackend:
         self.reference = ReferenceBackend(scale)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
 
-    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
-        pool.write(layer, meta.slot_mapping, k, v)
+        if k is not None:            # None: the model's fused rotary kernel already wrote them
+            pool.write(layer, meta.slot_mapping, k, v)
         if meta.plan is None:
-            meta.plan = self._plan(meta, q.device, pool)
+            meta.plan = self._plan(meta, q, pool)
         plan: _Plan = meta.plan
         kc, vc = pool.k[layer], pool.v[layer]
-        if plan.dense is not None and plan.dense.rows is None:
-            return self._dense(layer, q, None, kc, vc, plan.dense, meta)   # every row is the group's
+        whole = plan.whole
+        if whole is not None:
+            return self._attend(whole, layer, q, kc, vc, pool, meta)
         out = torch.empty_like(q)
-        if plan.dense is not None:
-            self._dense(layer, q, out, kc, vc, plan.dense, meta)
-        if plan.fixed is not None:
-            g = plan.fixed
-            o = sparse_attention(q[g.rows], kc, vc, g.tables, g.ctx, g.indices[layer], g.counts,
-                                 g.tail, self.scale)
-            out[g.rows] = o
-            self._recall(layer, q, pool, meta, g, g.indices[layer])
-        for g in plan.quest:
-            kmin, kmax = self.quest_bounds.layer(layer)
-            qq = q[g.rows]
-            scores = quest_page_scores(qq, kmin, kmax, g.tables, g.num_pages, g.granularity, p_max=g.p_max)
-            idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
-            out[g.rows] = sparse_attention(qq, kc, vc, g.tables, g.ctx, idx, counts, g.tail,
-                                           self.scale)
-            for j, i in enumerate(g.seqs):
-                view = meta.seqs[i].sparse
-                if view.keep_sets:
-                    view.note_positions(layer, idx[j, :, :g.host_counts[j]].long())
-            self._recall(layer, q, pool, meta, g, idx)
+        for g in plan.groups:
+            out[g.rows] = self._attend(g, layer, q[g.rows], kc, vc, pool, meta)
         if plan.long:
             kf, vf = pool.flat(layer)
             for i in plan.long:
@@ -117,22 +111,36 @@ class KernelBackend:
                 out[rows] = self.reference._dense(layer, i, q[rows], kf, vf, seq, meta).to(q.dtype)
         return out
 
-    def _dense(self, layer, q, out, kc, vc, g: _Dense, meta: AttentionMetadata) -> torch.Tensor:
-        """One verify_attention call for the group; its rows of `out` are filled (or, when the
-        group is the whole batch in order, its output is returned as the layer's)."""
-        qd = q if g.rows is None else q[g.rows]
-        o, lse, coll = verify_attention(qd, kc, vc, g.tables, g.ctx, g.qloc, self.scale,
-                                        collect=g.collect, max_ctx=g.max_ctx, max_q=g.max_q,
-                                        row_slot=g.row_slot)
-        if coll is not None and meta.collector is not None:
-            meta.collector.batched[layer] = (coll.logits, lse[g.collected_rows])
-        if g.rows is None:
-            return o
-        out[g.rows] = o
+    def _attend(self, g, layer, q, kc, vc, pool, meta) -> torch.Tensor:
+        """One group's attention for its rows `q` (the group's rows, in its order)."""
+        if isinstance(g, _Dense):
+            out = torch.empty_like(q)
+            lse = g.lse[layer] if g.lse is not None else \
+                torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
+                                  max_q=g.max_q, num_splits=g.num_splits,
+                                  logits=None if g.logits is None else g.logits[layer],
+                                  row_slot=g.row_slot, c2q_tile=g.c2q_tile)
+            return out
+        if g.num_pages is None:
+            out = sparse_attention(q, kc, vc, g.tables, g.ctx, g.indices[layer], g.counts, g.tail,
+                                   self.scale)
+            self._recall(layer, q, pool, meta, g, g.indices[layer])
+            return out
+        kmin, kmax = self.quest_bounds.layer(layer)
+        scores = quest_page_scores(q, kmin, kmax, g.tables, g.num_pages, g.granularity, p_max=g.p_max)
+        idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
+        out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale)
+        for j, i in enumerate(g.seqs):
+            view = meta.seqs[i].sparse
+            if view.keep_sets:
+                view.note_positions(layer, idx[j, :, :g.host_counts[j]].long())
+        self._recall(layer, q, pool, meta, g, idx)
         return out
 
     def _recall(self, layer, q, pool, meta, g: _Sparse, indices) -> None:
-        """Attention recall for traces (a full attention per request: trace-on-request only)."""
+        """Attention recall for traces (a full attention per request: trace-on-request only).
+        `q` holds the group's rows."""
         kf, _ = pool.flat(layer)
         for j, i in enumerate(g.seqs):
             seq = meta.seqs[i]
@@ -141,11 +149,11 @@ class KernelBackend:
             count = g.host_counts[j]
             sel = indices[j, :, :count].long()
             tail = torch.arange(seq.sparse.base, seq.ctx_len, device=q.device).expand(sel.shape[0], -1)
-            qs = q[seq.q_start: seq.q_start + 1]
-            seq.sparse.record_recall(layer, self.reference._recall(qs, kf, seq, torch.cat([sel, tail], 1)))
+            seq.sparse.record_recall(layer, self.reference._recall(q[j:j + 1], kf, seq, torch.cat([sel, tail], 1)))
 
     # -- the per-forward plan ------------------------------------------------------------------
-    def _plan(self, meta: AttentionMetadata, device, pool: KVPool) -> _Plan:
+    def _plan(self, meta: AttentionMetadata, q: torch.Tensor, pool: KVPool) -> _Plan:
+        device = q.device
         plan = _Plan()
         dense, fixed, quest = [], [], {}
         for i, seq in enumerate(meta.seqs):
@@ -158,13 +166,14 @@ class KernelBackend:
                 fixed.append(i)
         tables = meta.block_tables.to(torch.int32)
         if dense:
-            plan.dense = self._dense_group(meta, dense, tables, device)
+            plan.groups.append(self._dense_group(meta, dense, tables, q, pool))
         if fixed:
-            plan.fixed = self._sparse_group(meta, fixed, tables, device)
+            g = self._sparse_group(meta, fixed, tables, device)
             views = [meta.seqs[i].sparse for i in fixed]
-            plan.fixed.indices = self._stack_indices(views, device, pool.k[0].shape[2])
-            plan.fixed.host_counts = [v.budget for v in views]
-            plan.fixed.counts = torch.tensor(plan.fixed.host_counts, dtype=torch.int32, device=device)
+            g.host_counts = [v.budget for v in views]
+            g.counts = torch.tensor(g.host_counts, dtype=torch.int32, device=device)
+            g.indices = self._stack_indices(views, device, pool.k[0].shape[2], len(pool.k))
+            plan.groups.append(g)
         for gran, members in quest.items():
             g = self._sparse_group(meta, members, tables, device)
             views = [meta.seqs[i].sparse for i in members]
@@ -177,18 +186,23 @@ class KernelBackend:
             g.sizes = quest_sizes(pages, bases, budgets, g.page_size)
             g.host_counts = [quest_sizes([p], [b], [k], g.page_size)[0]
                              for p, b, k in zip(pages, bases, budgets)]
-            plan.quest.append(g)
+            plan.groups.append(g)
         return plan
 
     @staticmethod
-    def _stack_indices(views, device, kv_heads: int) -> torch.Tensor:
+    def _stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor:
         """[L, B, G, K] int32: the requests' index sets side by side. When the batch is exactly the
-        one the batched selection produced (same tensor, same order), that tensor is used as is."""
+        one the batched selection produced (same tensor, same order), that tensor is used as is;
+        stream sets are made on the device for the whole batch (one set, every layer)."""
         src = [getattr(v, "source", None) for v in views]
         if src[0] is not None and all(s is not None and s[0] is src[0][0] and s[1] == j
                                       for j, s in enumerate(src)) \
                 and src[0][0].shape[1] == len(views):
             return src[0][0]
+        if all(isinstance(v, StreamSelection) for v in views):
+            cols = torch.tensor([[v.base, v.budget, v.sink] for v in views], device=device).T
+            pos = stream_indices(cols[0], cols[1], cols[2], max(max(v.budget for v in views), 1))
+            return pos[None, :, None, :].expand(num_layers, -1, -1, -1)
         stacks = [v.stacked(device) for v in views]
         groups = max(s.shape[1] for s in stacks)
         kmax = max(max(s.shape[2] for s in stacks), 1)
@@ -203,38 +217,47 @@ class KernelBackend:
     @staticmethod
     def _sparse_group(meta, members, tables, device) -> _Sparse:
         seqs = [meta.seqs[i] for i in members]
+        rows = [s.q_start for s in seqs]
+        whole = len(members) == len(meta.seqs) and rows == list(range(len(rows)))
         return _Sparse(
             seqs=members,
-            rows=torch.tensor([s.q_start for s in seqs], dtype=torch.long, device=device),
+            rows=None if whole else torch.tensor(rows, dtype=torch.long, device=device),
             tables=tables[torch.tensor(members, device=device)] if len(members) < len(meta.seqs) else tables,
             ctx=torch.tensor([meta.context_lens[i] for i in members], dtype=torch.int32, device=device),
             tail=torch.tensor([s.sparse.base for s in seqs], dtype=torch.int32, device=device))
 
     @staticmethod
-    def _dense_group(meta, members, tables, device) -> _Dense:
+    def _dense_group(meta, members, tables, q, pool: KVPool) -> _Dense:
+        device = q.device
         seqs = [meta.seqs[i] for i in members]
         everything = len(members) == len(meta.seqs)
-        qloc, rows, collect, rows_of = [0], [], [], {}
+        qloc, rows, collect, rows_of, c2q = [0], [], [], {}, True
         for i, s in zip(members, seqs):
             base = qloc[-1]
             rows.extend(range(s.q_start, s.q_start + s.q_len))
             if s.collect_rows is not None and meta.collector is not None:
                 rows_of[i] = list(range(len(collect), len(collect) + len(s.collect_rows)))
                 collect.extend(base + r for r in s.collect_rows)
+                c2q = c2q and set(s.collect_rows) <= {0, s.q_len - 1}
             qloc.append(base + s.q_len)
         ctx = [meta.context_lens[i] for i in members]
         g = _Dense(
-            seqs=members,
             rows=None if everything and rows == list(range(len(rows))) else
             torch.tensor(rows, dtype=torch.long, device=device),
             tables=tables if everything else tables[torch.tensor(members, device=device)],
             ctx=torch.tensor(ctx, dtype=torch.int32, device=device),
             qloc=torch.tensor(qloc, dtype=torch.int32, device=device),
-            max_ctx=max(ctx), max_q=max(s.q_len for s in seqs))
+            max_q=max(s.q_len for s in seqs),
+            num_splits=default_num_splits(len(members), pool.k[0].shape[2], max(ctx)))
         if collect:
             rows_t = torch.tensor(collect, dtype=torch.long)
-            g.collect = rows_t
+            layers, heads = len(pool.k), q.shape[1]
             g.row_slot = collected_row_slots(rows_t, qloc[-1]).to(device)
-            g.collected_rows = rows_t.to(device)
-            meta.collector.rows_of.update(rows_of)
+            g.c2q_tile = c2q
+            g.logits = torch.empty(layers, len(collect), heads, max(ctx), dtype=torch.bfloat16,
+                                   device=device)
+            g.lse = torch.empty(layers, qloc[-1], heads, dtype=torch.float32, device=device)
+            c = meta.collector
+            c.layer_logits, c.layer_lse, c.row_index = g.logits, g.lse, rows_t.to(device)
+            c.rows_of.update(rows_of)
         return g

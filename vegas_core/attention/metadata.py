@@ -43,11 +43,19 @@ class LogitCollector:
     exp(logit - lse) is the true full-attention weight)."""
     logits: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     lse: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
-    # The kernel path keeps one tensor per layer for the whole batch instead: `batched[layer]` is
-    # (logits bf16 [R, H, C], lse float32 [R, H]) over R collected rows, and `rows_of[i]` lists
-    # which of the R rows belong to request index i (in its row order).
-    batched: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    # The kernel path keeps one tensor for every layer and the whole batch instead:
+    # `layer_logits` bf16 [L, R, H, W] over R collected rows (valid below each request's context;
+    # W >= the longest), `layer_lse` float32 [L, T, H] over the verification's T rows,
+    # `row_index` int64 [R] on the device (row r of the logits is row row_index[r] of the lse),
+    # and `rows_of[i]`: which of the R rows belong to request index i (in its row order).
+    layer_logits: torch.Tensor | None = None
+    layer_lse: torch.Tensor | None = None
+    row_index: torch.Tensor | None = None
     rows_of: dict[int, list[int]] = field(default_factory=dict)
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [L, R, H, W], lse [L, R, H]) of the collected rows, for the batched selection."""
+        return self.layer_logits, self.layer_lse.index_select(1, self.row_index)
 
     def put(self, seq_index: int, layer: int, logits: torch.Tensor, lse: torch.Tensor) -> None:
         self.logits.setdefault(seq_index, {})[layer] = logits

@@ -16,15 +16,15 @@ from ..kv_cache import KVPool
 class PageBounds:
     def __init__(self, pool: KVPool):
         self.pool = pool
-        self.kmin: list[torch.Tensor] | None = None
-        self.kmax: list[torch.Tensor] | None = None
+        self.kmin: torch.Tensor | None = None     # [layers, blocks, KVH, d], like the pool's keys
+        self.kmax: torch.Tensor | None = None
 
     def _allocate(self) -> None:
         # Allocated on first use: 2/block_size of the pool's size, paid only when Quest runs.
-        shape = (self.pool.num_blocks, *self.pool.k[0].shape[2:])
-        like = self.pool.k[0]
-        self.kmin = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in self.pool.k]
-        self.kmax = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in self.pool.k]
+        keys = self.pool.kv[0]
+        shape = (keys.shape[0], keys.shape[1], *keys.shape[3:])
+        self.kmin = torch.empty(shape, dtype=keys.dtype, device=keys.device)
+        self.kmax = torch.empty(shape, dtype=keys.dtype, device=keys.device)
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kmin is None:
@@ -37,6 +37,5 @@ class PageBounds:
             return
         if self.kmin is None:
             self._allocate()
-        idx = torch.tensor(blocks, dtype=torch.long, device=self.pool.k[0].device)
-        for layer, k in enumerate(self.pool.k):
-            update_page_bounds(k, self.kmin[layer], self.kmax[layer], idx)
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.pool.kv.device)
+        update_page_bounds(self.pool.kv[0], self.kmin, self.kmax, idx)   # every layer at once

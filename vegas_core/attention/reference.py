@@ -44,8 +44,10 @@ class ReferenceBackend:
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
-        """q [T, H, d], k/v [T, KVH, d] (new tokens, already rotated) -> [T, H, d]."""
-        pool.write(layer, meta.slot_mapping, k, v)
+        """q [T, H, d], k/v [T, KVH, d] (new tokens, already rotated) -> [T, H, d]. k = v = None:
+        the new tokens' K/V are already in the pool at `meta.slot_mapping`."""
+        if k is not None:
+            pool.write(layer, meta.slot_mapping, k, v)
         kf, vf = pool.flat(layer)
         out = torch.empty_like(q)
         batch = meta.decode_batch

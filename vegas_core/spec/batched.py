@@ -2,8 +2,8 @@
 does the same one request at a time on the reference path).
 
 Verification-guided methods (vegas, vegas-all, specextend) score every layer of every request in
-one `kernels.select.selection_scores` call per (layer, granularity), then one top-k over all
-layers (`select_layers`);
+one `kernels.select.selection_scores` launch per granularity, then one top-k over all layers
+(`select_layers`);
 Quest's page bounds are brought up to date for the pages that became complete and verified;
 stream's fixed positions need no model data."""
 from __future__ import annotations
@@ -64,8 +64,8 @@ def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector
         budgets.append(it.request.spec.budget(it.base))
     as_dev = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     row_start, row_count, base_t, budget_t = map(as_dev, (starts, counts, bases, budgets))
-    stacked = select_layers([collector.batched[layer] for layer in range(num_layers)], row_start,
-                            row_count, base_t, budget_t, max(budgets), kv_heads, granularity)  # [L, B, G, K]
+    stacked = select_layers(collector.stacked(), row_start, row_count, base_t, budget_t, max(budgets),
+                            kv_heads, granularity, n_keys=max(bases))                # [L, B, G, K]
     sel = {}
     for j, it in enumerate(group):
         view = FixedSelection(it.base, budgets[j], stacked[:, j], it.request.spec.record_recall)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 
 from .params import SpecParams
-from .select import quest_page_bounds, select_from_logits, stream_positions
-from .views import FixedSelection, QuestSelection
+from .select import quest_page_bounds, select_from_logits
+from .views import FixedSelection, QuestSelection, StreamSelection
 
 
 def collect_rows(method: str, num_rows: int) -> list[int] | None:
@@ -32,8 +32,7 @@ def build_selection(spec: SpecParams, base: int, num_layers: int, kv_heads: int,
     change: truncation only drops entries past the verified prefix)."""
     k = spec.budget(base)
     if spec.method == "stream":
-        pos = stream_positions(base, k, spec.sink)
-        return FixedSelection(base, k, [pos] * num_layers, spec.record_recall)
+        return StreamSelection(base, k, spec.sink, num_layers, spec.record_recall)
     if spec.method == "quest":
         return QuestSelection(base, k, _quest_bounds(spec, base, num_layers, layer_keys, quest_cache),
                               spec.page_size, spec.granularity, spec.record_recall)

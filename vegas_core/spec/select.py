@@ -37,6 +37,16 @@ def stream_positions(base: int, k: int, sink: int, device=None) -> torch.Tensor:
     return pos.to(device)[None]
 
 
+def stream_indices(bases: torch.Tensor, budgets: torch.Tensor, sinks: torch.Tensor, k_max: int) -> torch.Tensor:
+    """`stream_positions` for a batch at once, on the bases' device: int32 [B, k_max], row b's first
+    budgets[b] entries are request b's sink + window (ascending), the rest 0 (padding)."""
+    j = torch.arange(k_max, device=bases.device)[None, :]
+    sink = torch.minimum(sinks, budgets)[:, None]
+    window_start = (bases - (budgets - torch.minimum(sinks, budgets)))[:, None]
+    pos = torch.where(j < sink, j, window_start + (j - sink))
+    return torch.where(j < budgets[:, None], pos, 0).to(torch.int32)
+
+
 def quest_page_bounds(keys: torch.Tensor, page_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per complete page, element-wise min and max of the keys: keys [n, KVH, d] ->
     kmin, kmax [n // page_size, KVH, d] (a trailing partial page is left out: it is always kept)."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .select import quest_select
+from .select import quest_select, stream_positions
 
 
 class _RecallMixin:
@@ -46,6 +46,11 @@ class FixedSelection(_RecallMixin):
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.per_layer[layer]
 
+    @property
+    def groups(self) -> int:
+        """Sets per layer: 1 (one per layer) or the KV heads (one per KV head)."""
+        return self.indices.shape[1] if self.indices is not None else self.per_layer[0].shape[0]
+
     def stacked(self, device) -> torch.Tensor:
         """[L, G, K >= budget] int32 on `device` (built once and kept)."""
         if self.indices is None or self.indices.device != torch.device(device) \
@@ -56,6 +61,28 @@ class FixedSelection(_RecallMixin):
 
     def first_step_sets(self) -> list[torch.Tensor]:
         return self.per_layer
+
+
+class StreamSelection(FixedSelection):
+    """MagicDec-Stream's set: the first `sink` positions and the most recent ones, `budget` in all,
+    the same in every layer. Its positions are made on first use (the reference path); the kernel
+    path builds a whole batch's on the device from (base, budget, sink) alone
+    (`spec.select.stream_indices`), with no per-request tensor."""
+
+    def __init__(self, base: int, budget: int, sink: int, num_layers: int, record_recall: bool = False):
+        super().__init__(base, budget, [], record_recall)
+        self.sink, self.num_layers = sink, num_layers
+        self._per_layer = None
+
+    @property
+    def per_layer(self) -> list[torch.Tensor]:
+        if self._per_layer is None:
+            self._per_layer = [stream_positions(self.base, self.budget, self.sink)] * self.num_layers
+        return self._per_layer
+
+    @property
+    def groups(self) -> int:
+        return 1
 
 
 class BlockQuestSelection(_RecallMixin):

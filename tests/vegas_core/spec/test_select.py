@@ -111,6 +111,12 @@ def test_stream_is_exactly_sink_plus_window():
     assert stream_positions(base=1000, k=70, sink=4).tolist() == [list(range(4)) + list(range(934, 1000))]
     assert stream_positions(base=10, k=10, sink=4).tolist() == [list(range(10))]
     assert stream_positions(base=0, k=0, sink=4).shape == (1, 0)
+    # The batched device form gives the same rows (padding 0 past each budget).
+    from vegas_core.spec.select import stream_indices
+    t = lambda xs: torch.tensor(xs)  # noqa: E731
+    got = stream_indices(t([1000, 10, 0, 7]), t([70, 10, 0, 3]), t([4, 4, 4, 4]), 70)
+    for row, (b, k) in zip(got.tolist(), [(1000, 70), (10, 10), (0, 0), (7, 3)]):
+        assert row[:k] == stream_positions(base=b, k=k, sink=4).tolist()[0] and row[k:] == [0] * (70 - k)
 
 
 def test_empty_and_full_budgets():

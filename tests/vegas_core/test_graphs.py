@@ -1,0 +1,92 @@
+"""The CUDA-graph path's static buffers (`vegas_core.graphs`) give the reference path's tokens (as
+the dynamic kernel path does: tests/vegas_core/test_kernel_backend.py).
+
+On the CPU the graphs are not captured (`cuda_graphs="static"`) but everything else is the same:
+the step's numbers go through the staging buffer, the batch is padded to a bucket (three
+requests run as four: one padding request with no rows, and padding rows writing to the scratch
+slot), block tables and selections are copied only when they change, collected logits land in
+the whole-model buffers. A tiny 2-layer Llama in float32 under Triton's interpreter; on a GPU
+(TRITON_INTERPRET=0) the same test captures real graphs (`cuda_graphs="auto"`).
+"""
+import os
+
+import pytest
+import torch
+
+from vegas_core.engine_core import EngineCore, EngineOptions
+from vegas_core.graphs import bucket
+from vegas_core.loader import load_model
+from vegas_core.sampling import SamplingParams
+from vegas_core.spec import SpecParams
+
+GPU = os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available()
+DEVICE = "cuda" if GPU else "cpu"
+GRAPHS = "auto" if GPU else "static"
+
+SPECS = [SpecParams(method="vanilla")] + [
+    SpecParams(method=m, gamma=3, sparsity=0.25, min_budget=4, granularity=g)
+    for m, g in (("stream", "layer"), ("quest", "kv-head"), ("specextend", "layer"),
+                 ("vegas", "layer"), ("vegas", "kv-head"))]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from tests.vegas_core.conftest import build_tiny_hf_model
+    path, _ = build_tiny_hf_model(tmp_path_factory.mktemp("tiny"), "llama", seed=5)
+    return load_model(path)
+
+
+def _core(loaded, graphs, attention="triton"):
+    opts = EngineOptions(block_size=16, num_blocks=256, max_num_seqs=64, attention=attention,
+                         cuda_graphs=graphs)
+    return EngineCore(loaded.config, loaded.weights, DEVICE, torch.float32, opts)
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 262, (n,), generator=g).tolist() for n in (29, 54, 83)]
+
+
+def test_bucket():
+    assert [bucket(n, 128) for n in (1, 3, 5, 64, 65, 128)] == [1, 4, 8, 64, 80, 128]
+    assert bucket(3, 3) == 3 and bucket(129, 128) is None and bucket(20, 16) is None
+
+
+def _run(core, spec, sampling):
+    reqs = [core.add_request(p, sampling, spec) for p in _prompts()]
+    core.run()
+    return [r.output_ids for r in reqs]
+
+
+def test_graph_path_gives_the_reference_paths_tokens(tiny):
+    """Every kind of graph, one method at a time (a draft step mixing kinds runs eagerly)."""
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    ref, core = _core(tiny, "off", "reference"), _core(tiny, GRAPHS)
+    assert ref.runner.graphs is None and core.runner.graphs is not None
+    for spec in SPECS:
+        assert _run(core, spec, sampling) == _run(ref, spec, sampling), spec
+    kinds = {(k.kind, k.collect, k.groups) for k in core.runner.graphs.graphs}
+    # decode (no collection), first-step / vegas verification (first/last tile), specextend's
+    # (main tile), fixed drafts per layer and per KV head, Quest drafts.
+    assert {("dense", 0, 1), ("dense", 2, 1), ("dense", 1, 1), ("fixed", 0, 1), ("fixed", 0, 2),
+            ("quest", 0, 2)} <= kinds, kinds
+    assert any(k.batch == 4 for k in core.runner.graphs.graphs)     # three requests, padded
+    assert core.allocator.num_free == core.allocator.num_blocks
+
+
+def test_mixed_batch_runs_one_verification_graph(tiny):
+    """Vanilla and vegas requests verify together (1 and 4 rows, ragged in one dense graph); a
+    sampled request drafts beside greedy ones. Tokens equal the reference path's."""
+    sampling = [SamplingParams(max_tokens=9, ignore_eos=True),
+                SamplingParams(max_tokens=9, ignore_eos=True, temperature=0.8, seed=3),
+                SamplingParams(max_tokens=9, ignore_eos=True)]
+    specs = [SpecParams(method="vanilla"), SpecParams(method="vegas", gamma=3, min_budget=4, sparsity=0.3),
+             SpecParams(method="vegas", gamma=2, min_budget=4, sparsity=0.3)]
+    outs = {}
+    for graphs, attention in (("off", "reference"), (GRAPHS, "triton")):
+        core = _core(tiny, graphs, attention)
+        reqs = [core.add_request(p, s, sp) for p, s, sp in zip(_prompts(), sampling, specs)]
+        core.run()
+        outs[graphs] = [r.output_ids for r in reqs]
+    assert outs["off"] == outs[GRAPHS]
+    assert any(k.kind == "dense" and k.rows == 4 and k.batch == 4 for k in core.runner.graphs.graphs)
