@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond that; more are told busy")
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
     p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
     args = p.parse_args(argv)
 
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if not args.no_model:
         worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
-                              attention=args.attention).start()
+                              attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
     studio = Studio(worker)
     demo = build_ui(studio, args.concurrency)

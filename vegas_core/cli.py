@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
     g.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
+    g.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
     g.add_argument("--method", default="vanilla", help=f"one of {', '.join(METHODS)}")
     g.add_argument("--granularity", default="layer", help=f"one of {', '.join(GRANULARITIES)}")
     g.add_argument("--gamma", type=int, default=6, help="draft tokens per iteration (1..16)")
@@ -60,7 +61,8 @@ def generate(args) -> int:
 
     sampling, spec = _params(args)  # validate before the model loads: bad input fails fast
     engine = Engine(args.model, args.device, args.dtype, spec,
-                    EngineOptions(trace=bool(args.trace), attention=args.attention))
+                    EngineOptions(trace=bool(args.trace), attention=args.attention,
+                                  cuda_graphs="off" if args.eager else "auto"))
     if not args.json:
         print(f"[{engine.source} on {engine.device}, {engine.dtype}; loaded in {engine.load_time_s:.1f} s]",
               file=sys.stderr)

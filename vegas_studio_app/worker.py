@@ -103,9 +103,9 @@ class Handle:
 class EngineWorker:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None,
-                 attention: str = "auto"):
+                 attention: str = "auto", cuda_graphs: str = "auto"):
         self.model, self.device, self.dtype = model, device, dtype
-        self.attention = attention
+        self.attention, self.cuda_graphs = attention, cuda_graphs
         self.max_num_seqs = max_num_seqs
         self.stale_after_s = stale_after_s
         self._factory = engine_factory
@@ -170,7 +170,8 @@ class EngineWorker:
                 from vegas_core.engine_core import EngineOptions
                 self.engine = Engine(self.model, self.device, self.dtype,
                                      options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs,
-                                                           attention=self.attention))
+                                                           attention=self.attention,
+                                                           cuda_graphs=self.cuda_graphs))
             self.load_time_s = time.monotonic() - self.load_started
             self.state = "ready"
         except Exception as e:  # a bad --model path must show in the UI, not kill the server

@@ -36,12 +36,15 @@ class KernelResults:
 
 
 def collect_mode(value) -> str:
-    """Normalise a record's `collect` field to 'none', 'c2q' or 'all'."""
+    """Normalise a record's `collect` field to 'none', 'c2q', 'all' or 'c2q-main' (Collect-2-Query
+    stored from the main tile: a variant the kernel benchmark times, not the engine's C2Q)."""
     v = str(value).lower() if value is not None else "none"
     if v in ("", "none", "false", "0", "no"):
         return "none"
     if "all" in v:
         return "all"
+    if "main" in v:
+        return "c2q-main"
     if "2" in v or "first" in v or "two" in v or "c2q" in v:
         return "c2q"
     return v

@@ -200,5 +200,7 @@ def add_model_arguments(p, attention: bool = True) -> None:
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
     if not attention:
         return
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")

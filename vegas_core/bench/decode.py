@@ -56,6 +56,7 @@ def engine_options(args, device: torch.device, gen_tokens: int):
     block = 16
     per_request = math.ceil((max(args.context) + gen_tokens + GAMMA_SLACK) / block) + 1
     opts = EngineOptions(block_size=block, max_num_seqs=max(args.batch), attention=args.attention,
+                         cuda_graphs="off" if args.eager else "auto",
                          max_prefill_tokens=args.max_prefill_tokens or (16384 if device.type == "cuda" else 4096))
     if args.kv_cache_gb:
         opts.kv_cache_bytes = int(args.kv_cache_gb * 1e9)

@@ -9,8 +9,8 @@ model's chat template; lengths spread evenly over the range):
 - `small`: 200-400-token prompts, 32 tokens, batch 2 (what a CPU can run in a minute or two).
 
 Throughput: tokens emitted by decode steps / wall time of those steps, counting only steps that run
-the full batch (the stable rate; prefill steps and the draining tail are left out; every decode step
-counts when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
+the full batch (the stable rate; prefill steps, the draining tail and the steps that captured a
+CUDA graph, compiling its kernels, are left out; every decode step counts when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
 top-p 0.9: SmolLM2-135M-Instruct's model-card example; for another model pass its own). Each method
 runs with its tuned (gamma, sparsity) from `python -m vegas_core.bench tune` when a result file for
 this model and device exists (or `--tuned FILE`), else with `--gamma` / `--sparsity`.
@@ -108,6 +108,7 @@ class RunStats:
     decode_s: float
     full_steps: int
     decode_steps: int
+    warmup_steps: int
     generated_tokens: int
     mean_acceptance_length: float | None
     per_position_acceptance: list[float] | None
@@ -122,13 +123,15 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> R
     """Run every request of the workload to completion; the stable decode rate (see the module
     docstring) and the phase times per iteration."""
     core = engine.core
+    graphs = core.runner.graphs
     reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
     core.reset_phase_totals()
     full_s = all_s = 0.0
-    full_tok = all_tok = full_steps = decode_steps = 0
+    full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
     common.sync(engine.device)
     while any(not r.finished for r in reqs):
         running = len(core.scheduler.running)
+        captured = graphs.captures if graphs is not None else 0
         t = time.perf_counter()
         events = engine.step()
         common.sync(engine.device)
@@ -136,6 +139,11 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> R
         if not events:
             continue                                    # a prefill step
         emitted = sum(len(e.new_token_ids) for e in events)
+        if graphs is not None and graphs.captures != captured:
+            warmup_steps += 1                           # it captured (and compiled): not the rate
+            if progress is not None:
+                progress(emitted)
+            continue
         decode_steps += 1
         all_s += dt
         all_tok += emitted
@@ -160,7 +168,7 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> R
     n = max(1, totals["iterations"])
     return RunStats(
         tokens_per_s=tok / sec if sec > 0 else 0.0, decode_s=all_s, full_steps=full_steps,
-        decode_steps=decode_steps, generated_tokens=sum(r.generated_tokens for r in results),
+        decode_steps=decode_steps, warmup_steps=warmup_steps, generated_tokens=sum(r.generated_tokens for r in results),
         mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
         per_position_acceptance=per_pos, draft_ms=totals["draft_ms"] / n, verify_ms=totals["verify_ms"] / n,
         select_ms=totals["select_ms"] / n, iteration_ms=totals["wall_ms"] / n,
@@ -245,6 +253,7 @@ def run(args, argv: list[str]) -> str:
                        select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
                        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
+                       graph_warmup_steps=stats.warmup_steps,
                        generated_tokens=stats.generated_tokens)
             if sampling_name == "greedy" and base is not None:
                 same = [a == b for a, b in zip(stats.outputs, base.outputs)]
@@ -253,6 +262,7 @@ def run(args, argv: list[str]) -> str:
             path = common.write_results(
                 "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
                 dtype=dtype, attention=engine.core.runner.attention, tuned_from=tuned_path,
+                cuda_graphs=engine.core.runner.graphs is not None,
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
@@ -271,7 +281,8 @@ def engine_for(args, workload: Workload, loaded):
     block = 16
     per_request = -(-(workload.max_context + GAMMA_SLACK) // block) + 1
     opts = EngineOptions(block_size=block, num_blocks=per_request * workload.batch + 8,
-                         max_num_seqs=workload.batch, max_prefill_tokens=16384, attention=args.attention)
+                         max_num_seqs=workload.batch, max_prefill_tokens=16384, attention=args.attention,
+                         cuda_graphs="off" if args.eager else "auto")
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
 
 

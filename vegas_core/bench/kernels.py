@@ -8,7 +8,8 @@ read (the K/V entries it attends, plus the logits the selection reads) / time; `
 1 GiB device-to-device copy, counting bytes read plus written, measured in the same run.
 
 Records:
-- verify_attention: `q_rows` rows per request, collect none / c2q / all; `sdpa_us` is torch SDPA
+- verify_attention: `q_rows` rows per request, collect none / c2q (the first/last tile) / c2q-main
+  (the same rows stored from the main tile) / all; `sdpa_us` is torch SDPA
   (`enable_gqa`, cuDNN backend when it takes the shape, else whichever torch picks; `sdpa_backend`
   says which) over the same K/V stored contiguously, so it pays no paging;
 - the collection sweep (the paper's Figure 6): q_rows 2..16 at one shape, c2q and all-row overhead
@@ -16,7 +17,8 @@ Records:
 - sparse_attention: a `sparsity` budget of random positions per (request, KV head) plus a tail of
   `q_rows` entries; bytes = the gathered entries;
 - selection: one whole model step (all layers): softmax re-materialisation + mean
-  (`selection_scores`) and `topk_positions` over c2q logits, per layer, as the engine runs it;
+  (`selection_scores`, one launch for every layer) and one top-k over c2q logits held in one
+  [layers, rows, heads, context] buffer, as the engine runs it;
 - quest_page_scores: one layer, one draft step.
 """
 from __future__ import annotations
@@ -150,12 +152,15 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
     sdpa_us, backend = _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim) if with_sdpa else (None, None)
     records, none_us = [], None
     loc_cpu = loc.cpu()
-    for collect in ("none", "c2q", "all"):
-        rows = collected_rows(loc_cpu, collect)
+    # c2q: through the kernel's small first/last tile (the engine's choice for vegas); c2q-main:
+    # the same rows stored from the main tile (how vegas-all / specextend rows are collected).
+    for collect in ("none", "c2q", "c2q-main", "all"):
+        rows = collected_rows(loc_cpu, collect.split("-")[0])
         mode = rows if collect != "none" else "none"
         slots = collected_row_slots(rows, batch * q_rows).to(device) if collect != "none" else None
         us = _bench(lambda: verify_attention(q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode,
-                                             max_ctx=context, max_q=q_rows, row_slot=slots, **config))
+                                             max_ctx=context, max_q=q_rows, row_slot=slots,
+                                             c2q_tile=collect == "c2q", **config))
         none_us = us if collect == "none" else none_us
         logit_bytes = len(rows) * heads * context * 2
         rec = dict(kernel="verify_attention", collect=collect, us=us, read_TBps=kv_bytes / (us * 1e-6) / 1e12,
@@ -198,19 +203,23 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     from kernels.select import select_layers
     heads, kvh, dim, layers = SHAPES[shape]
     rows = 2 * batch
-    collected = []
-    for _ in range(layers):
-        logits = (torch.randn(rows, heads, context, device=device) * 3).to(torch.bfloat16)
-        collected.append((logits, torch.logsumexp(logits.float(), dim=-1)))
+    # As the engine holds them: one [L, R, H, N] logits buffer and the rows' lse [L, R, H].
+    logits = torch.empty(layers, rows, heads, context, device=device, dtype=torch.bfloat16)
+    lse = torch.empty(layers, rows, heads, device=device)
+    for layer in range(layers):
+        logits[layer] = (torch.randn(rows, heads, context, device=device) * 3).to(torch.bfloat16)
+        lse[layer] = torch.logsumexp(logits[layer].float(), dim=-1)
+    collected = (logits, lse)
     row_start = torch.arange(0, rows, 2, dtype=torch.int32, device=device)
     row_count = torch.full((batch,), 2, dtype=torch.int32, device=device)
     bases = torch.full((batch,), context - q_rows, dtype=torch.int32, device=device)
     k = math.ceil(0.07 * (context - q_rows))
     budgets = torch.full((batch,), k, dtype=torch.int32, device=device)
-    per_gran = {gran: _bench(lambda: select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran))
+    per_gran = {gran: _bench(lambda: select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran,
+                                                   n_keys=context - q_rows))
                 for gran in ("layer", "kv-head")}
     logit_bytes = layers * rows * heads * context * 2
-    del collected
+    del collected, logits, lse
     torch.cuda.empty_cache()
     return dict(kernel="selection", shape=shape, batch=batch, context=context, q_rows=2, heads=heads,
                 kv_heads=kvh, head_dim=dim, layers=layers, collect="c2q", budget=k,

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU path on the device (after stage.sh's two calls; see its header), in named stages so one
+# call can run several: `bash scripts/device/gpu_run.sh tests smoke kernels`, later `... e2e`.
+#   tests    the fused kernels and the CUDA-graph path compiled (real capture) against references
+#   smoke    e2e long-input, vanilla and vegas only, greedy, 96 tokens: do graphs run, how fast
+#   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
+#   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
+#   eager    the smoke run with --eager (what graphs buy, measured in the same session)
+# Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed.
+set -uo pipefail
+. /root/vegas-env
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
+mkdir -p "$OUT/results"
+step() { local name=$1 limit=$2; shift 2; echo "== $name" | tee -a "$OUT/run.log"; local t=$SECONDS
+  timeout "$limit" "$@" > "$OUT/step.log" 2>&1; local rc=$?
+  cat "$OUT/step.log" >> "$OUT/run.log"; echo "rc=$rc ${name} $((SECONDS - t))s" | tee -a "$OUT/steps.txt"
+  grep -v '%|' "$OUT/step.log" | tail -n "${TAIL:-25}"; rm -f "$OUT/step.log"; }
+E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload long-input --batch 64
+     --out "$OUT/results")
+for stage in "$@"; do
+  case $stage in
+    tests) TAIL=30 step tests 170 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
+             tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py ;;
+    smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
+             --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;
+    eager) mkdir -p "$OUT/results/eager"; TAIL=16 step eager 200 "${E2E[@]}" --methods vanilla vegas \
+             --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
+    kernels) TAIL=40 step kernels 150 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
+               --sweep-rows 2 8 16 --no-tune --out "$OUT/results" ;;
+    e2e) TAIL=22 step e2e 560 "${E2E[@]}" ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
