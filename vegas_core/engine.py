@@ -88,11 +88,15 @@ class GenerationResult:
 
 
 class _Tracker:
-    """Per request: incremental text, stop strings and acceptance counters."""
+    """Per request: incremental text, stop strings and acceptance counters. The text grows by
+    what the new tokens add (`IncrementalDecoder`: a short window re-decoded per step, not the whole
+    output, which at batch 64 would cost milliseconds per step on the host)."""
 
     def __init__(self, req: Request, tokenizer):
         self.req, self.tok = req, tokenizer
         self.text = ""
+        self.decoder = tokenizer.incremental_decoder()
+        self.longest_stop = max((len(s) for s in req.sampling.stop), default=0)
         self.spec_iterations = self.accepted = self.iterations = 0
         self.per_position = [0] * req.spec.gamma
 
@@ -103,16 +107,19 @@ class _Tracker:
             self.accepted += out.num_accepted
             for i in range(out.num_accepted):
                 self.per_position[i] += 1
-        full = self.tok.decode(self.req.output_ids)
-        if full.endswith("\ufffd") and not out.finished:
-            return "", False   # an incomplete UTF-8 sequence: wait for its next byte
+        # The decoder holds back an incomplete UTF-8 sequence until its next byte (or the end).
+        delta = self.decoder.step(self.req.output_ids)
+        if out.finished:
+            delta += self.decoder.flush()
+        full = self.text + delta
+        start = max(0, len(self.text) - self.longest_stop + 1)   # a stop may straddle old and new text
         for stop in self.req.sampling.stop:
-            at = full.find(stop)
+            at = full.find(stop, start)
             if at != -1:
                 full = full[:at]
                 delta, self.text = full[len(self.text):], full
                 return delta, True
-        delta, self.text = full[len(self.text):], full
+        self.text = full
         return delta, False
 
 

@@ -6,6 +6,7 @@
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
+#   profile  torch.profiler over three vegas and three vanilla iterations (GPU kernels vs host)
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed.
 set -uo pipefail
 . /root/vegas-env
@@ -28,6 +29,10 @@ for stage in "$@"; do
     kernels) TAIL=40 step kernels 150 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
                --sweep-rows 2 8 16 --no-tune --out "$OUT/results" ;;
     e2e) TAIL=22 step e2e 560 "${E2E[@]}" ;;
+    profile) for m in vegas vanilla; do
+               timeout 150 python3 scripts/device/profile_step.py $m 64 6000 > "$OUT/profile-$m.txt" 2>&1
+               echo "rc=$? profile $m" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$m.txt" | head -45
+             done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -119,40 +119,44 @@ class RunStats:
     outputs: list[list[int]]
 
 
+PHASES = ("draft_ms", "verify_ms", "select_ms", "wall_ms")
+
+
 def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> RunStats:
     """Run every request of the workload to completion; the stable decode rate (see the module
-    docstring) and the phase times per iteration."""
+    docstring) and the phase times per iteration, over the same steps as the rate."""
     core = engine.core
     graphs = core.runner.graphs
     reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
-    core.reset_phase_totals()
     full_s = all_s = 0.0
     full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
+    full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
     common.sync(engine.device)
     while any(not r.finished for r in reqs):
         running = len(core.scheduler.running)
         captured = graphs.captures if graphs is not None else 0
+        core.reset_phase_totals()
         t = time.perf_counter()
         events = engine.step()
         common.sync(engine.device)
         dt = time.perf_counter() - t
+        if progress is not None:
+            progress(sum(len(e.new_token_ids) for e in events))
         if not events:
             continue                                    # a prefill step
-        emitted = sum(len(e.new_token_ids) for e in events)
         if graphs is not None and graphs.captures != captured:
             warmup_steps += 1                           # it captured (and compiled): not the rate
-            if progress is not None:
-                progress(emitted)
             continue
+        emitted = sum(len(e.new_token_ids) for e in events)
         decode_steps += 1
         all_s += dt
         all_tok += emitted
+        _add_phases(all_ph, core.phase_totals)
         if running >= workload.batch:
             full_steps += 1
             full_s += dt
             full_tok += emitted
-        if progress is not None:
-            progress(emitted)
+            _add_phases(full_ph, core.phase_totals)
     results = [engine.result(r) for r in reqs]
     for r in reqs:
         engine._trackers.pop(r.request_id, None)
@@ -164,15 +168,38 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> R
         width = max(len(r.per_position_accepted) for r in results)
         per_pos = [sum(r.per_position_accepted[j] for r in results if j < len(r.per_position_accepted)) / spec_iters
                    for j in range(width)]
-    totals = core.phase_totals
-    n = max(1, totals["iterations"])
+    ph, n = (full_ph, full_steps) if full_steps else (all_ph, decode_steps)
+    n = max(1, n)
     return RunStats(
         tokens_per_s=tok / sec if sec > 0 else 0.0, decode_s=all_s, full_steps=full_steps,
         decode_steps=decode_steps, warmup_steps=warmup_steps, generated_tokens=sum(r.generated_tokens for r in results),
         mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
-        per_position_acceptance=per_pos, draft_ms=totals["draft_ms"] / n, verify_ms=totals["verify_ms"] / n,
-        select_ms=totals["select_ms"] / n, iteration_ms=totals["wall_ms"] / n,
+        per_position_acceptance=per_pos, draft_ms=ph["draft_ms"] / n, verify_ms=ph["verify_ms"] / n,
+        select_ms=ph["select_ms"] / n, iteration_ms=ph["wall_ms"] / n,
         outputs=[r.token_ids for r in results])
+
+
+def divergences(engine, prompts, outputs, vanilla_outputs, limit: int = 8) -> list[dict]:
+    """Where greedy outputs differ from vanilla's: the first differing position of (up to `limit`)
+    requests and the logit gap there, logit(vanilla's token) - logit(this run's token), under
+    one full-attention forward of the common prefix (eager). A gap of a few bf16 steps means
+    a near-tie that the batch's different reduction order broke the other way."""
+    out = []
+    for j, (got, want) in enumerate(zip(outputs, vanilla_outputs)):
+        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if i is None:
+            continue
+        logits = engine.core.next_token_logits(prompts[j] + want[:i])
+        out.append(dict(request=j, position=i, vanilla_token=want[i], token=got[i],
+                        logit_gap=float(logits[want[i]] - logits[got[i]])))
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _add_phases(acc: dict, totals: dict) -> None:
+    for key in PHASES:
+        acc[key] += totals[key]
 
 
 # -- tuned settings ------------------------------------------------------------------------------
@@ -258,6 +285,7 @@ def run(args, argv: list[str]) -> str:
             if sampling_name == "greedy" and base is not None:
                 same = [a == b for a, b in zip(stats.outputs, base.outputs)]
                 rec["exact_match_vs_vanilla"] = sum(same) / len(same)
+                rec["divergences"] = divergences(engine, workload.prompts, stats.outputs, base.outputs)
             records.append(rec)
             path = common.write_results(
                 "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
@@ -288,11 +316,12 @@ def engine_for(args, workload: Workload, loaded):
 
 def print_table(records, engine) -> None:
     cols = ["sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "MAL", "draft ms",
-            "verify ms", "select ms", "select %", "= vanilla"]
+            "verify ms", "select ms", "select %", "= vanilla", "max gap"]
     rows = [[r["sampling"], r["method"], r["granularity"] or "-", r["gamma"], r["sparsity"], r["tokens_per_s"],
              r["speedup_vs_vanilla"], r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
              None if r["select_overhead"] is None else 100 * r["select_overhead"],
-             r.get("exact_match_vs_vanilla")] for r in records]
+             r.get("exact_match_vs_vanilla"),
+             max((d["logit_gap"] for d in r.get("divergences") or []), default=None)] for r in records]
     r0 = records[0]
     common.print_table(f"e2e: {common.device_description(engine.device)}, {r0['workload']} workload, batch "
                        f"{r0['batch']}, up to {r0['context']} tokens, {r0['requests']} requests", cols, rows)
