@@ -227,11 +227,13 @@ def _interpreting() -> bool:
 
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
-                     block_n: int = 64):
+                     block_n: int = 256):
     """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
-    ``block_n``-position tiles)."""
+    ``block_n``-position tiles). 64-position tiles read 0.38 TB/s on the H200 for a SmolLM2 step
+    at batch 64 x 6K (1.1 ms; bench/results/logs/profile-2026-12-01-h200-vegas.txt): programs
+    too small to keep loads in flight, hence 256."""
     if triton is None:
         raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
     single = logits.dim() == 3

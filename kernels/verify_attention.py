@@ -41,6 +41,11 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 
 COLLECT_MODES = ("none", "c2q", "all")
 MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
+# Launch configuration per collection path (0 none, 1 rows stored from the main tile, 2 the
+# first/last tile): (keys per tile, warps, pipeline stages). None: 128 keys, 4 warps, 2 stages,
+# the fastest of 24 configurations without collection on the H200
+# (bench/results/kernels-2026-11-30-h200.json, `sweep: tune`).
+LAUNCH_CONFIG = {0: (128, 4, 2), 1: (128, 4, 2), 2: (128, 4, 2)}
 
 
 class CollectedLogits(NamedTuple):
@@ -371,15 +376,15 @@ def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | N
 
 
 def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
-                     scale: float, collect: str = "none", block_n: int = 128,
+                     scale: float, collect: str = "none", block_n: int | None = None,
                      num_splits: int | None = None, max_ctx: int | None = None,
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
-                     num_warps: int = 4, num_stages: int = 2, c2q_tile: bool | None = None):
+                     num_warps: int | None = None, num_stages: int | None = None,
+                     c2q_tile: bool | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
-    ``block_n`` keys per tile is independent of the pool's page size; 128 keys, 4 warps and 2
-    pipeline stages were the fastest of 24 configurations on the H200 for both head shapes
-    (bench/results/kernels-2026-11-30-h200.json, `sweep: tune`). ``num_splits`` splits each
+    ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
+    ``num_stages`` default to `LAUNCH_CONFIG` for the collection path taken. ``num_splits`` splits each
     request's context into that many equal ranges processed by separate programs and merged
     (flash-decoding); None picks `default_num_splits`.
 
@@ -423,7 +428,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
 def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
                           scale: float, out, lse, *, max_q: int, num_splits: int, logits=None,
                           row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
-                          block_n: int = 128, num_warps: int = 4, num_stages: int = 2) -> None:
+                          block_n: int | None = None, num_warps: int | None = None,
+                          num_stages: int | None = None) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -439,6 +445,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
+    tile, warps, stages = LAUNCH_CONFIG[collect_mode]
+    block_n, num_warps, num_stages = block_n or tile, num_warps or warps, num_stages or stages
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)

@@ -158,6 +158,14 @@ class Engine:
         self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
         return req
 
+    def fork(self, parent: Request, sampling: SamplingParams | None = None,
+             spec: SpecParams | None = None) -> Request:
+        """A request with `parent`'s prompt whose KV cache starts as a copy of the parent's
+        (`EngineCore.fork`): comparing settings on one prompt pays for its prefill once."""
+        req = self.core.fork(parent, sampling or SamplingParams(), spec)
+        self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
+        return req
+
     def pause(self, request_id: int) -> None:
         self.core.pause(request_id)
 

@@ -28,7 +28,7 @@ from .model_runner import BatchEntry, ModelRunner
 from .rejection import RejectionResult, rejection_sample
 from .request import Request, Status
 from .sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
-from .scheduler import Scheduler
+from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
 from .spec.policy import build_selection, collect_rows
@@ -57,6 +57,8 @@ class EngineOptions:
     trace: bool = False                    # record per-iteration trace dicts on each request
     attention: str = "auto"                # "auto" (Triton on a GPU), "reference" or "triton"
     cuda_graphs: str = "auto"              # "auto" (on a GPU's kernel path), "off" (eager) or "static"
+    multi_step: int = 8                    # with CUDA graphs and no trace: plain greedy decode steps a
+                                           # vanilla batch runs on the GPU per host round trip
 
 
 class EngineCore:
@@ -73,7 +75,9 @@ class EngineCore:
         self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts.block_size,
                                   opts.attention, opts.cuda_graphs, opts.max_num_seqs)
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
-        self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens)
+        self.decode_steps = opts.multi_step if self.runner.graphs is not None and not opts.trace else 1
+        self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens,
+                                   self.decode_steps)
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         self._t0 = time.perf_counter()
@@ -221,23 +225,19 @@ class EngineCore:
         m_start = self._mark()
         drafts, qprobs = self._draft(reqs)
         m_draft = self._mark()
-        entries, logits, collector = self._verify(reqs, drafts)
+        chained = None if drafts else self._decode_chained(reqs)
+        if chained is not None:
+            (entries, results), collector = chained, None
+        else:
+            entries, logits, collector = self._verify(reqs, drafts)
+            results = self._accept_all(reqs, entries, drafts, qprobs, logits)
         m_verify = self._mark()
         accepted = []
-        row = 0
-        # Temperature 0 for the whole batch: every row's argmax in one op and one host read, instead
-        # of a probability table, a sampler call and a read per request (the same tokens).
-        targets = logits.argmax(dim=-1).tolist() if all(r.sampling.is_greedy for r in reqs) else None
-        for i, (req, entry) in enumerate(zip(reqs, entries)):
-            n = len(entry.tokens)
-            if targets is not None:
-                res = self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n], logits[row:row + n])
-            else:
-                res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id),
-                                   logits[row:row + n])
-            row += n
+        for i, (req, entry, res) in enumerate(zip(reqs, entries, results)):
             base = req.num_cached
-            req.num_cached = base + 1 + res.num_accepted
+            # The pending token and every kept one but the last are now cached: drafts accepted,
+            # or the plain steps a chained decode ran.
+            req.num_cached = base + len(res.tokens)
             accepted.append((i, req, entry, res, base, req.selection))
         m_select = self._mark()
         self._select_all(accepted, collector)
@@ -265,10 +265,51 @@ class EngineCore:
                 self.allocator.truncate(req.request_id, req.num_cached)
         return outputs
 
+    def _accept_all(self, reqs, entries, drafts, qprobs, logits) -> list[RejectionResult]:
+        results, row = [], 0
+        # Temperature 0 for the whole batch: every row's argmax in one op and one host read, instead
+        # of a probability table, a sampler call and a read per request (the same tokens).
+        targets = logits.argmax(dim=-1).tolist() if all(r.sampling.is_greedy for r in reqs) else None
+        for req, entry in zip(reqs, entries):
+            n = len(entry.tokens)
+            if targets is not None:
+                res = self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n], logits[row:row + n])
+            else:
+                res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id),
+                                   logits[row:row + n])
+            results.append(res)
+            row += n
+        return results
+
+    def _decode_chained(self, reqs):
+        """A greedy vanilla batch on CUDA graphs: up to `multi_step` plain decode steps chained on
+        the GPU, one host round trip for all of them (the same tokens as one step at a time).
+        Returns (entries, results) or None (then one step runs the usual way)."""
+        if self.decode_steps <= 1 or any(r.spec.speculative or not r.sampling.is_greedy for r in reqs):
+            return None
+        limits = [lookahead(r, self.decode_steps) for r in reqs]
+        entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
+        toks = self.runner.chain(entries, self.allocator, max(limits), limits)
+        if toks is None:
+            return None
+        results = [RejectionResult(num_accepted=0, tokens=toks[:n, i].tolist(), bonus=False, draft_probs=[],
+                                   target_probs=[]) for i, n in enumerate(limits)]
+        return entries, results
+
     def _draft(self, reqs):
         drafting = [r for r in reqs if r.spec.speculative and r.selection is not None]
         drafts = {r.request_id: [] for r in drafting}
         qprobs = {r.request_id: [] for r in drafting}
+        if drafting and all(r.sampling.is_greedy for r in drafting):
+            # Greedy drafts chained on the GPU: every draft step with one host round trip.
+            gammas = [r.spec.gamma for r in drafting]
+            entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, sparse=r.selection,
+                                  logits="last") for r in drafting]
+            toks = self.runner.chain(entries, self.allocator, max(gammas), gammas)
+            if toks is not None:
+                for i, (r, g) in enumerate(zip(drafting, gammas)):
+                    drafts[r.request_id] = toks[:g, i].tolist()
+                return drafts, qprobs
         for j in range(max((r.spec.gamma for r in drafting), default=0)):
             active = [r for r in drafting if r.spec.gamma > j]
             entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
@@ -365,7 +406,7 @@ class EngineCore:
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         if not req.sampling.ignore_eos and tok in self.config.eos_token_ids:
             return "stop"
-        if len(req.output_ids) >= req.sampling.max_tokens:
+        if req.num_generated >= req.sampling.max_tokens:
             return "length"
         return None
 

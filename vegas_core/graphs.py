@@ -21,6 +21,12 @@ iteration share them); the selections in an [L, B, G, W] buffer copied when the 
 reads after the replay. Padding rows write their K/V to the pool's scratch slot; padding requests
 have no rows and no context, so every kernel skips them.
 
+Chains (`run_chain`): for greedy one-row-per-request steps (draft steps; plain decode steps of a
+vanilla batch) the graph also advances itself: its argmax becomes the next step's input, positions
+and contexts move on by one and each request's K/V slot follows its table, writing to the scratch
+slot past the request's own number of steps. Replayed `steps` times with no host round trip in
+between; the tokens are read back once.
+
 `capture=False` runs exactly the same static-buffer code without capturing: how the CPU tests
 check this path under Triton's interpreter. Engines that trace attention recall, or keep Quest's
 per-step sets, or mix draft kinds in one step, take the dynamic path for that forward (`run`
@@ -28,7 +34,7 @@ returns None). `EngineOptions(cuda_graphs="off")` (the CLI's ``--eager``) turns 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -42,6 +48,7 @@ from .spec.select import stream_indices
 from .spec.views import BlockQuestSelection, FixedSelection, StreamSelection
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+MAX_CHAIN = 16            # steps of one chain: gamma <= 16 drafts, or that many decode steps
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class GraphKey:
     collect: int = 0     # dense: 0 none, 1 main-tile rows, 2 first/last tile
     groups: int = 1      # drafts: sets per layer
     pages: int = 0       # quest: selected pages at most
+    chain: bool = False  # one row per request, advancing itself (see `GraphRunner.run_chain`)
 
     @property
     def tokens(self) -> int:
@@ -92,18 +100,18 @@ class _Graph:
 
 class _Buffers:
     """The static inputs, at the largest batch. Regions of the int64 buffer (each of its own
-    length, at fixed offsets): ids, pos, slots, seq_lens, collected rows [T each]; then the fields
-    the kernels read as int32 (converted in the graph): ctx, tail, counts, pages [B each],
-    qloc [B + 1], row_slot [T]."""
+    length, at fixed offsets): ids, pos, slots, seq_lens, collected rows [T each], a chain's step
+    limits [B] and step counter [1]; then the fields the kernels read as int32 (converted in the
+    graph): ctx, tail, counts, pages [B each], qloc [B + 1], row_slot [T]."""
 
-    I64 = ("ids", "pos", "slots", "seq_lens", "crow")
+    I64 = ("ids", "pos", "slots", "seq_lens", "crow", "limit", "step")
     I32 = ("ctx", "tail", "counts", "pages", "qloc", "row_slot")
 
     def __init__(self, max_batch: int, blocks: int, device: torch.device):
         self.max_batch, self.max_tokens = max_batch, max_batch * MAX_Q_ROWS
         sizes = {name: self.max_tokens for name in self.I64}
-        sizes.update(ctx=max_batch, tail=max_batch, counts=max_batch, pages=max_batch,
-                     qloc=max_batch + 1, row_slot=self.max_tokens)
+        sizes.update(limit=max_batch, step=1, ctx=max_batch, tail=max_batch, counts=max_batch,
+                     pages=max_batch, qloc=max_batch + 1, row_slot=self.max_tokens)
         self.offsets, at = {}, 0
         for name in self.I64 + self.I32:
             self.offsets[name] = at
@@ -140,7 +148,9 @@ class _Buffers:
         out = {}
         for name in self.I64:
             at = self.offsets[name]
-            out[name] = self.dev[at:at + t]
+            out[name] = self.dev[at:at + {"limit": b, "step": 1}.get(name, t)]
+        at = self.offsets["ctx"]
+        out["ctx64"] = self.dev[at:at + b]          # the int64 source of ctx (a chain advances it)
         for name in self.I32:
             at = self.offsets[name] - self.i32_start
             n = {"qloc": b + 1, "row_slot": t}.get(name, b)
@@ -169,6 +179,7 @@ class GraphRunner:
         self._indices: torch.Tensor | None = None          # [L, B, kv_heads, W] int32
         self._logits: torch.Tensor | None = None           # [L, R, H, W] bf16
         self._lse: torch.Tensor | None = None              # [L, T, H] float32
+        self._hist = torch.zeros(MAX_CHAIN, self.max_batch, dtype=torch.int64, device=runner.device)
         self._tables_sig = self._indices_sig = None
         self._seq_tables: dict[int, tuple[int, np.ndarray]] = {}
 
@@ -187,12 +198,41 @@ class GraphRunner:
         else:
             self._fill_draft(entries, key)
         self.buf.upload()
+        logits = self._graph(key).replay()
+        return logits[:total]
+
+    def run_chain(self, entries, allocator, steps: int, limits: list[int]) -> np.ndarray | None:
+        """Greedy tokens [steps, len(entries)] of `steps` chained one-row forwards: step 0 feeds
+        the entries' tokens, step j the argmax of step j - 1; request i runs `limits[i]` steps
+        (1..steps), its later columns are garbage. None when no graph takes these entries."""
+        key = self._key(entries, None)
+        if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN:
+            return None
+        key = replace(key, chain=True)
+        self.buf.wait_for_copy()
+        self._fill_tables(entries, allocator, key.batch)
+        self._fill_rows(entries, key)
+        if key.kind == "dense":
+            self._fill_dense(entries, key, None)
+        else:
+            self._fill_draft(entries, key)
+        limit = self.buf.field("limit", key.batch)
+        limit[:len(entries)], limit[len(entries):] = limits, 0
+        self.buf.field("step", 1)[0] = 0
+        self.buf.upload()
+        graph = self._graph(key)
+        for _ in range(steps):
+            graph.replay()
+        return self._hist[:steps, :len(entries)].cpu().numpy()
+
+    def _graph(self, key: GraphKey) -> _Graph:
         graph = self.graphs.get(key)
         if graph is None:
             graph = self.graphs[key] = _Graph(lambda: self._forward(key), self.capture, self.mempool)
             self.captures += 1
-        logits = graph.replay()
-        return logits[:total]
+            if graph.graph is not None:
+                self.buf.upload()   # the warm-up run may have advanced a chain: start it again
+        return graph
 
     # -- which graph ---------------------------------------------------------------------------
     def _key(self, entries, collector) -> GraphKey | None:
@@ -363,7 +403,24 @@ class GraphRunner:
         v = self.buf.device_views(key)
         meta = AttentionMetadata(slot_mapping=v["slots"], seqs=[], block_tables=v["tables"],
                                  plan=_Plan(groups=[self._group(key, v)]))
-        return self.runner.model(v["ids"], v["pos"], self.runner.pool, meta, None, v["seq_lens"])
+        logits = self.runner.model(v["ids"], v["pos"], self.runner.pool, meta, None, v["seq_lens"])
+        if key.chain:
+            self._advance(v, logits)
+        return logits
+
+    def _advance(self, v: dict, logits: torch.Tensor) -> None:
+        """A chain's step in the graph: record the argmax, feed it next, move every position on
+        by one, and point each request's next K/V write at its page (the scratch slot once it has
+        run its `limit` steps, or for padding requests)."""
+        nxt = logits.argmax(dim=-1)
+        step = v["step"]
+        self._hist[:, :nxt.shape[0]].index_copy_(0, step, nxt[None])
+        v["ids"].copy_(nxt)
+        for name in ("pos", "seq_lens", "ctx64", "step"):
+            v[name].add_(1)
+        pos, bs = v["pos"], self.block_size
+        page = v["tables"].gather(1, (pos // bs).clamp(max=self.blocks - 1)[:, None])[:, 0].long()
+        v["slots"].copy_(torch.where(step < v["limit"], page * bs + pos % bs, self.runner.pool.scratch_slot))
 
     def _group(self, key: GraphKey, v: dict):
         cfg = self.runner.config

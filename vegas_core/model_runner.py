@@ -150,6 +150,15 @@ class ModelRunner:
         return self.model(torch.tensor(ids, dtype=torch.long).to(dev), positions, self.pool, meta,
                           torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(seq_lens).to(dev))
 
+    def chain(self, entries: list[BatchEntry], allocator: BlockAllocator, steps: int,
+              limits: list[int]):
+        """Greedy tokens [steps, len(entries)] (numpy) of `steps` one-row forwards chained on the
+        GPU (`GraphRunner.run_chain`), or None when CUDA graphs cannot run them (the caller then
+        steps one forward at a time)."""
+        if self.graphs is None:
+            return None
+        return self.graphs.run_chain(entries, allocator, steps, limits)
+
     def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of one sequence."""
         table = torch.as_tensor(allocator.block_table(seq_id), dtype=torch.long)

@@ -56,6 +56,10 @@ class Request:
         return len(self.prompt_ids)
 
     @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - len(self.prompt_ids)
+
+    @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt:]
 

@@ -32,16 +32,22 @@ class Plan:
         return not self.prefill and not self.decode
 
 
-def lookahead(req: Request) -> int:
+def lookahead(req: Request, decode_steps: int = 1) -> int:
     """Cache slots a decode iteration writes past `num_cached`: the pending token, plus the drafts
-    once the request has a selection to draft with."""
-    drafting = req.spec.speculative and req.selection is not None
-    return 1 + (req.spec.gamma if drafting else 0)
+    once the request has a selection to draft with; a greedy vanilla request may run up to
+    `decode_steps` plain steps in one iteration (never past its max_tokens)."""
+    if req.spec.speculative:
+        return 1 + (req.spec.gamma if req.selection is not None else 0)
+    if req.sampling.is_greedy:
+        return max(1, min(decode_steps, req.sampling.max_tokens - req.num_generated))
+    return 1
 
 
 class Scheduler:
-    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_prefill_tokens: int):
+    def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_prefill_tokens: int,
+                 decode_steps: int = 1):
         self.allocator = allocator
+        self.decode_steps = decode_steps      # plain steps a greedy vanilla iteration may run
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Request] = deque()
@@ -99,7 +105,7 @@ class Scheduler:
         return budget - n
 
     def _make_room(self, plan: Plan, req: Request) -> bool:
-        need = req.num_cached + lookahead(req)
+        need = req.num_cached + lookahead(req, self.decode_steps)
         while not self.allocator.can_ensure(req.request_id, need):
             # Push out newer requests, and requests still in prefill whatever their age (otherwise a
             # half-prefilled old request holding pages could block every decoder forever).

@@ -79,7 +79,8 @@ def overhead_series(results: KernelResults, kernel: str = "verify_attention",
     """(shape, {'c2q': [(rows, overhead %)], 'all': [...]}) for one shape (default: the one with the most
     row counts, preferring the largest batch x context)."""
     # Tuning trials time other tile configurations at one shape: not part of the curve.
-    recs = [r for r in results.records if str(r.get("kernel", kernel)) == kernel and r.get("sweep") != "tune"]
+    recs = [r for r in results.records if str(r.get("kernel", kernel)) == kernel
+            and r.get("sweep") not in ("tune", "collect_tune")]
     by_shape: dict[tuple, dict[tuple[int, str], float]] = defaultdict(dict)
     for r in recs:
         try:

@@ -5,7 +5,8 @@ On the CPU the graphs are not captured (`cuda_graphs="static"`) but everything e
 the step's numbers go through the staging buffer, the batch is padded to a bucket (three
 requests run as four: one padding request with no rows, and padding rows writing to the scratch
 slot), block tables and selections are copied only when they change, collected logits land in
-the whole-model buffers. A tiny 2-layer Llama in float32 under Triton's interpreter; on a GPU
+the whole-model buffers; greedy drafts and a vanilla batch's plain steps run as chains that
+advance themselves on the device. A tiny 2-layer Llama in float32 under Triton's interpreter; on a GPU
 (TRITON_INTERPRET=0) the same test captures real graphs (`cuda_graphs="auto"`).
 """
 import os
@@ -71,6 +72,8 @@ def test_graph_path_gives_the_reference_paths_tokens(tiny):
     assert {("dense", 0, 1), ("dense", 2, 1), ("dense", 1, 1), ("fixed", 0, 1), ("fixed", 0, 2),
             ("quest", 0, 2)} <= kinds, kinds
     assert any(k.batch == 4 for k in core.runner.graphs.graphs)     # three requests, padded
+    # Greedy drafts and vanilla's plain steps ran as chains (several steps per host round trip).
+    assert {("dense", True), ("fixed", True), ("quest", True)} <= {(k.kind, k.chain) for k in core.runner.graphs.graphs}
     assert core.allocator.num_free == core.allocator.num_blocks
 
 
@@ -89,4 +92,6 @@ def test_mixed_batch_runs_one_verification_graph(tiny):
         core.run()
         outs[graphs] = [r.output_ids for r in reqs]
     assert outs["off"] == outs[GRAPHS]
-    assert any(k.kind == "dense" and k.rows == 4 and k.batch == 4 for k in core.runner.graphs.graphs)
+    keys = core.runner.graphs.graphs
+    assert any(k.kind == "dense" and k.rows == 4 and k.batch == 4 for k in keys)
+    assert any(k.kind == "fixed" and not k.chain for k in keys)     # a sampled draft: step by step

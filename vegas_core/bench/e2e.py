@@ -70,10 +70,14 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
 @dataclass
 class Workload:
     name: str
-    prompts: list[list[int]]        # every request, replays included
+    prompts: list[list[int]]        # every request, replays included (the unique ones first)
     gen_tokens: int
     batch: int
     prompt_range: tuple[int, int]
+    unique: int = 0                 # distinct prompts
+
+    def __post_init__(self):
+        self.unique = self.unique or len(self.prompts)
 
     @property
     def max_context(self) -> int:
@@ -98,7 +102,7 @@ def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
         chat = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTIONS[name] + excerpt}],
                                              add_generation_prompt=True)
         prompts.append(tokenizer.encode(chat))
-    return Workload(name, prompts * replays, gen, batch, (lo, hi))
+    return Workload(name, prompts * replays, gen, batch, (lo, hi), unique=len(prompts))
 
 
 # -- one run -------------------------------------------------------------------------------------
@@ -122,18 +126,38 @@ class RunStats:
 PHASES = ("draft_ms", "verify_ms", "select_ms", "wall_ms")
 
 
-def run_workload(engine, workload: Workload, sampling, spec, progress=None) -> RunStats:
-    """Run every request of the workload to completion; the stable decode rate (see the module
-    docstring) and the phase times per iteration, over the same steps as the rate."""
+def prefill_parents(engine, workload: Workload) -> list:
+    """Prefill every distinct prompt once, as held vanilla requests that never decode; each run
+    then forks its requests from them (`Engine.fork` copies the KV), so every method starts from
+    the same cache bit for bit and no run pays for the prefill."""
+    from ..sampling import SamplingParams
+    from ..spec import SpecParams
+    parents = [engine.add(p, SamplingParams(max_tokens=1), SpecParams(method="vanilla"))
+               for p in workload.prompts[:workload.unique]]
+    for p in parents:
+        engine.pause(p.request_id)
+    while any(p.needs_prefill for p in parents):
+        engine.step()
+    return parents
+
+
+def run_workload(engine, workload: Workload, sampling, spec, progress=None, parents=None) -> RunStats:
+    """Run every request of the workload to completion, forked from `parents` when given (see
+    `prefill_parents`; requests the pool has no room to copy for prefill when they are admitted);
+    the stable decode rate (see the module docstring) and the phase times per iteration, over the
+    same steps as the rate."""
     core = engine.core
     graphs = core.runner.graphs
-    reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
+    if parents is None:
+        reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
+    else:
+        reqs = [engine.fork(parents[i % len(parents)], sampling, spec) for i in range(len(workload.prompts))]
     full_s = all_s = 0.0
     full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
     common.sync(engine.device)
     while any(not r.finished for r in reqs):
-        running = len(core.scheduler.running)
+        running = sum(not r.held for r in core.scheduler.running)   # held parents sit out
         captured = graphs.captures if graphs is not None else 0
         core.reset_phase_totals()
         t = time.perf_counter()
@@ -245,6 +269,7 @@ def run(args, argv: list[str]) -> str:
     loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
     workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
     engine = engine_for(args, workload, loaded)
+    parents = prefill_parents(engine, workload)
     tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
     dtype = str(engine.dtype).replace("torch.", "")
     records, vanilla = [], {}
@@ -262,7 +287,7 @@ def run(args, argv: list[str]) -> str:
             spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
                               min_budget=args.min_budget)
             bar.set_postfix_str(f"{sampling_name} {key}")
-            stats = run_workload(engine, workload, sampling, spec, progress=bar.update)
+            stats = run_workload(engine, workload, sampling, spec, progress=bar.update, parents=parents)
             if method == "vanilla":
                 vanilla[sampling_name] = stats
             base = vanilla.get(sampling_name)
@@ -303,13 +328,15 @@ def run(args, argv: list[str]) -> str:
 
 
 def engine_for(args, workload: Workload, loaded):
-    """An engine sized for the workload: `batch` sequences at once, all their pages resident."""
+    """An engine sized for the workload: the held parents (`prefill_parents`) and `batch`
+    sequences at once, all their pages resident."""
     from ..engine import Engine
     from ..engine_core import EngineOptions
     block = 16
     per_request = -(-(workload.max_context + GAMMA_SLACK) // block) + 1
-    opts = EngineOptions(block_size=block, num_blocks=per_request * workload.batch + 8,
-                         max_num_seqs=workload.batch, max_prefill_tokens=16384, attention=args.attention,
+    seqs = workload.unique + workload.batch
+    opts = EngineOptions(block_size=block, num_blocks=per_request * seqs + 8,
+                         max_num_seqs=seqs, max_prefill_tokens=16384, attention=args.attention,
                          cuda_graphs="off" if args.eager else "auto")
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
 

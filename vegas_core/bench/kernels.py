@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=True,
                    help="first sweep verify_attention's tile/warps/stages/splits at the sweep shape "
                         "and use the fastest (default: on)")
+    p.add_argument("--collect-tune", action=argparse.BooleanOptionalAction, default=False,
+                   help="sweep the launch configuration of each collection path at the sweep shape")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -259,6 +261,43 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) ->
                                  collect="none", copy_TBps=copy_tbps, **t) for t in trials]
 
 
+def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
+    """The launch configuration per collection path (`kernels.verify_attention.LAUNCH_CONFIG`):
+    tile, warps and stages for C2Q through the first/last tile and from the main tile, beside no
+    collection, at one shape (records with `sweep: collect_tune`)."""
+    from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
+    heads, kvh, dim, _ = SHAPES[shape]
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
+    loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
+    rows = collected_rows(loc.cpu(), "c2q")
+    slots = collected_row_slots(rows, batch * q_rows).to(device)
+    kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
+    out = []
+    for collect in ("none", "c2q", "c2q-main"):
+        mode = "none" if collect == "none" else rows
+        for block_n in (64, 128):
+            for warps in (4, 8):
+                for stages in (2, 3):
+                    cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages)
+                    try:
+                        us = _bench(lambda: verify_attention(
+                            q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode, max_ctx=context,
+                            max_q=q_rows, row_slot=None if collect == "none" else slots,
+                            c2q_tile=collect == "c2q", **cfg))
+                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record it
+                        out.append(dict(kernel="verify_attention", sweep="collect_tune", shape=shape,
+                                        collect=collect, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
+                        continue
+                    out.append(dict(kernel="verify_attention", sweep="collect_tune", shape=shape, batch=batch,
+                                    context=context, q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim,
+                                    collect=collect, config=cfg, us=us,
+                                    read_TBps=kv_bytes / (us * 1e-6) / 1e12, copy_TBps=copy_tbps))
+    del k, v
+    torch.cuda.empty_cache()
+    return out
+
+
 def quest_record(shape, batch, context, block_size, device, copy_tbps):
     from kernels.select import quest_page_scores, quest_positions
     heads, kvh, dim, _ = SHAPES[shape]
@@ -296,6 +335,15 @@ def run(args, argv: list[str]) -> str:
             tuned[shape], trials = tune_verify(shape, sweep_b, sweep_ctx, args.q_rows, args.block_size,
                                                device, copy_tbps)
             records += trials
+    if args.collect_tune:
+        for shape in args.shapes:
+            trials = tune_collect(shape, sweep_b, sweep_ctx, args.q_rows, args.block_size, device, copy_tbps)
+            records += trials
+            for collect in ("none", "c2q", "c2q-main"):
+                ok = [t for t in trials if t["collect"] == collect and "us" in t]
+                if ok:
+                    best = min(ok, key=lambda t: t["us"])
+                    print(f"collect_tune {shape} {collect}: best {best['config']} {best['us']:.1f} us")
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
     for shape, batch, context in grid:

@@ -56,6 +56,7 @@ def run(args, argv: list[str]) -> str:
     loaded = load_model(args.model)
     workload = e2e.build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
     engine = e2e.engine_for(args, workload, loaded)
+    parents = e2e.prefill_parents(engine, workload)     # every trial forks from the same cache
     sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True)
     trials_per_method = len(args.sparsities) + len(args.gammas) + 4
     bar = common.progress_bar(len(methods) * trials_per_method, f"tune {workload.name}")
@@ -65,7 +66,7 @@ def run(args, argv: list[str]) -> str:
         spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
                           min_budget=args.min_budget)
         bar.set_postfix_str(f"{method}/{gran} step {step}: gamma {gamma}, sparsity {sparsity}")
-        st = e2e.run_workload(engine, workload, sampling, spec)
+        st = e2e.run_workload(engine, workload, sampling, spec, parents=parents)
         bar.update(1)
         mal = st.mean_acceptance_length or 1.0
         rec = dict(method=method, granularity=gran, step=step, gamma=gamma, sparsity=sparsity,

@@ -1,0 +1,36 @@
+"""What a decode iteration reserves past the cached tokens (`scheduler.lookahead`), and that the
+scheduler reserves it."""
+from vegas_core.block_manager import BlockAllocator
+from vegas_core.request import Request
+from vegas_core.sampling import SamplingParams
+from vegas_core.scheduler import Scheduler, lookahead
+from vegas_core.spec import SpecParams
+
+
+def _req(spec, max_tokens=100, temperature=0.0, generated=0):
+    r = Request([1] * 10, SamplingParams(max_tokens=max_tokens, temperature=temperature), spec)
+    r.token_ids += [2] * generated
+    return r
+
+
+def test_lookahead_per_kind_of_request():
+    vegas = _req(SpecParams(method="vegas", gamma=6))
+    assert lookahead(vegas, 8) == 1                 # first step: no selection yet, a plain step
+    vegas.selection = object()
+    assert lookahead(vegas, 8) == 7                 # the pending token and six drafts
+    assert lookahead(_req(SpecParams(method="vanilla")), 8) == 8            # chained plain steps
+    assert lookahead(_req(SpecParams(method="vanilla"), max_tokens=20, generated=17), 8) == 3
+    assert lookahead(_req(SpecParams(method="vanilla"), temperature=0.7), 8) == 1   # sampled: one
+    assert lookahead(_req(SpecParams(method="vanilla")), 1) == 1
+
+
+def test_scheduler_reserves_the_chained_steps():
+    alloc = BlockAllocator(64, 4)
+    sched = Scheduler(alloc, max_num_seqs=4, max_prefill_tokens=64, decode_steps=8)
+    req = _req(SpecParams(method="vanilla"))
+    sched.add(req)
+    plan = sched.schedule()
+    assert [c.request for c in plan.prefill] == [req]
+    req.num_cached = req.prefill_target
+    plan = sched.schedule()
+    assert plan.decode == [req] and alloc.capacity(req.request_id) >= req.num_cached + 8
