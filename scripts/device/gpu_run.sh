@@ -5,6 +5,7 @@
 #   smoke    e2e long-input, vanilla and vegas only, greedy, 96 tokens: do graphs run, how fast
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
+#   tune     the paper's three-step (gamma, sparsity) tuning per method (128 tokens), which e2e uses
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three vegas and three vanilla iterations (GPU kernels vs host)
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed.
@@ -26,9 +27,11 @@ for stage in "$@"; do
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;
     eager) mkdir -p "$OUT/results/eager"; TAIL=16 step eager 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
-    kernels) TAIL=40 step kernels 150 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
-               --sweep-rows 2 8 16 --no-tune --out "$OUT/results" ;;
-    e2e) TAIL=22 step e2e 560 "${E2E[@]}" ;;
+    kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
+               --sweep-rows 2 8 16 --no-tune --collect-tune --out "$OUT/results" ;;
+    e2e) TAIL=22 step e2e 500 "${E2E[@]}" ;;
+    tune) TAIL=16 step tune 480 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
+            --workload long-input --batch 64 --gen-tokens 128 --out "$OUT/results" ;;
     profile) for m in vegas vanilla; do
                timeout 150 python3 scripts/device/profile_step.py $m 64 6000 > "$OUT/profile-$m.txt" 2>&1
                echo "rc=$? profile $m" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$m.txt" | head -45

@@ -299,7 +299,7 @@ def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
 
 
 def quest_record(shape, batch, context, block_size, device, copy_tbps):
-    from kernels.select import quest_page_scores, quest_positions
+    from kernels.select import quest_page_scores, quest_positions, quest_sizes
     heads, kvh, dim, _ = SHAPES[shape]
     pages = context // block_size
     num_blocks = batch * pages
@@ -310,13 +310,18 @@ def quest_record(shape, batch, context, block_size, device, copy_tbps):
     num_pages = torch.full((batch,), pages, dtype=torch.int32, device=device)
     bases = num_pages * block_size
     budgets = torch.full((batch,), math.ceil(0.07 * context), dtype=torch.int32, device=device)
-    us = _bench(lambda: quest_page_scores(q, kmin, kmax, tables, num_pages, "layer"))
+    by_tile = {bp: _bench(lambda: quest_page_scores(q, kmin, kmax, tables, num_pages, "layer", block_p=bp,
+                                                     p_max=pages))
+               for bp in (16, 32, 64, 128)}
+    us = by_tile[16]                                       # the default tile
     s = quest_page_scores(q, kmin, kmax, tables, num_pages, "layer")
-    pos_us = _bench(lambda: quest_positions(s, num_pages, bases, budgets, block_size))
+    sizes = quest_sizes([pages] * batch, [pages * block_size] * batch, [int(budgets[0])] * batch, block_size)
+    pos_us = _bench(lambda: quest_positions(s, num_pages, bases, budgets, block_size, sizes=sizes))
     read = 2 * num_blocks * kvh * dim * 2
     return dict(kernel="quest_page_scores", shape=shape, batch=batch, context=context, q_rows=1,
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", us=us,
-                read_TBps=read / (us * 1e-6) / 1e12, quest_positions_us=pos_us, copy_TBps=copy_tbps)
+                read_TBps=read / (us * 1e-6) / 1e12, quest_positions_us=pos_us, copy_TBps=copy_tbps,
+                us_by_block_p={str(k): v for k, v in by_tile.items()})
 
 
 def run(args, argv: list[str]) -> str:
