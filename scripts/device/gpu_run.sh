@@ -6,6 +6,7 @@
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method (128 tokens), which e2e uses
+#   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three vegas and three vanilla iterations (GPU kernels vs host)
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed.
@@ -25,6 +26,8 @@ for stage in "$@"; do
              tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;
+    smokeall) mkdir -p "$OUT/results/smoke"; TAIL=20 step smokeall 300 "${E2E[@]}" --sampling greedy \
+             --gen-tokens 64 --out "$OUT/results/smoke" ;;
     eager) mkdir -p "$OUT/results/eager"; TAIL=16 step eager 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
