@@ -19,8 +19,12 @@ Vegas / SpecExtend (softmax re-materialisation from collected verification logit
   Request ``b`` owns rows ``row_start[b] .. row_start[b] + row_count[b] - 1`` (int32 ``[B]``,
   ``row_count >= 1``; the rows need not be contiguous across requests nor cover all of ``R``) and
   scores the positions ``< bases[b]`` (int32 ``[B]``, ``bases[b] <= N``). Returns float32
-  ``[B, G, N]``: the mean over the request's rows and the group's heads of ``exp(logit - lse)``,
-  ``-inf`` at positions ``>= bases[b]``. float32 maths throughout.
+  ``[B, G, N]``: the LOG of the mean over the request's rows and the group's heads of
+  ``exp(logit - lse)`` (a log-sum-exp, so the ranking is the mean weight's), ``-inf`` at positions
+  ``>= bases[b]``. float32 maths throughout. Log space because far keys' weights underflow to
+  exactly 0 in float32: thousands of tied zeros per row sent torch.topk's radix select into its
+  slow path (28-36 ms a step for SpecExtend and per-KV-head Vegas on the H200,
+  bench/results/e2e-2026-12-01-h200-smoke.json), and their order is lost.
 - ``topk_positions(score, budgets)``: ``score [B, G, N]``, ``budgets`` int ``[B]`` with
   ``0 <= budgets[b] <= bases[b]``. Returns ``(positions int32 [B, G, Kmax], counts int32 [B])``,
   ``Kmax = max(budgets)`` (0 allowed): the first ``counts[b] = budgets[b]`` entries of each
@@ -98,8 +102,8 @@ def _as_int_tensor(x, device) -> torch.Tensor:
 
 def selection_scores_reference(logits, lse, row_start, row_count, bases, kv_heads: int,
                                granularity: str):
-    """Plain PyTorch, batched (see the module docstring); float32 maths as in
-    ``select_from_logits``."""
+    """Plain PyTorch, batched (see the module docstring); float32 maths, the log of
+    ``select_from_logits``'s mean weight."""
     rows, heads, n = logits.shape
     groups, per_group = _groups(granularity, heads, kv_heads)
     device = logits.device
@@ -107,15 +111,15 @@ def selection_scores_reference(logits, lse, row_start, row_count, bases, kv_head
     out = torch.full((batch, groups, n), float("-inf"), dtype=torch.float32, device=device)
     if batch == 0 or n == 0:
         return out
-    w = torch.exp(logits.float() - lse.float()[..., None])                     # [R, H, N]
-    w = w.view(rows, groups, per_group, n).sum(2)                             # [R, G, N]
+    x = logits.float() - lse.float()[..., None]                               # [R, H, N]
+    x = torch.logsumexp(x.view(rows, groups, per_group, n), dim=2)            # [R, G, N]
     start, count = _as_int_tensor(row_start, device), _as_int_tensor(row_count, device)
     # Gather each request's rows into a padded [B, max_rows] table (no per-request loop).
     j = torch.arange(int(count.max()), device=device)[None, :]
     present = j < count[:, None]                                              # [B, max_rows]
     idx = torch.where(present, start[:, None] + j, 0)
-    total = (w[idx] * present[:, :, None, None]).sum(1)                       # [B, G, N]
-    score = total / (count * per_group).to(torch.float32)[:, None, None]
+    terms = x[idx].masked_fill(~present[:, :, None, None], float("-inf"))    # [B, max_rows, G, N]
+    score = torch.logsumexp(terms, dim=1) - torch.log((count * per_group).float())[:, None, None]
     keep = torch.arange(n, device=device)[None, :] < _as_int_tensor(bases, device)[:, None]
     return torch.where(keep[:, None, :], score, out)
 
@@ -123,17 +127,23 @@ def selection_scores_reference(logits, lse, row_start, row_count, bases, kv_head
 if triton is not None:
 
     @triton.jit
-    def _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
-                     s_lr, s_lh, s_ln, s_er, s_eh):
-        """Softmax weights of one collected row for the program's heads x positions, summed over
-        the heads: [BLOCK_N] float32."""
+    def _row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
+                         s_lr, s_lh, s_ln, s_er, s_eh):
+        """Log softmax weights (logit - lse) of one collected row for the program's heads x
+        positions: [BLOCK_H, BLOCK_N] float32, -inf outside."""
         r64 = r.to(tl.int64)
         lse = tl.load(lse_ptr + r64 * s_er + head * s_eh, mask=h_valid, other=0.0).to(tl.float32)
         lg = tl.load(logits_ptr + r64 * s_lr + head[:, None] * s_lh
                      + offs_n.to(tl.int64)[None, :] * s_ln,
                      mask=h_valid[:, None] & n_valid[None, :], other=float("-inf"))
-        w = tl.exp(lg.to(tl.float32) - lse[:, None])
-        return tl.sum(w, axis=0)
+        return lg.to(tl.float32) - lse[:, None]
+
+    @triton.jit
+    def _fold_row(x, m, s):
+        """Fold a row's log weights [BLOCK_H, BLOCK_N] into the running (max, sum) per position."""
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[None, :]), axis=0)
+        return m_new, s
 
     @triton.jit
     def _selection_scores_kernel(
@@ -162,22 +172,25 @@ if triton is not None:
         # A tile wholly at or past the base reads nothing: its rows loop is empty.
         r_end = tl.where(tile * BLOCK_N < base, r0 + nr, r0)
 
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+        # Online log-sum-exp over the rows (as flash attention folds keys): running max m (finite
+        # floor, so an all -inf position stays NaN-free) and sum s of exp(x - m).
+        m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
+        s = tl.zeros([BLOCK_N], dtype=tl.float32)
         if INTERPRET:
             # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
             # (see verify_attention); a while loop evaluates the same.
             r = r0
             while r < r_end:
-                acc += _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
-                                    s_lr, s_lh, s_ln, s_er, s_eh)
+                m, s = _fold_row(_row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr,
+                                                  lse_ptr, s_lr, s_lh, s_ln, s_er, s_eh), m, s)
                 r += 1
         else:
             for r in range(r0, r_end):
-                acc += _row_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
-                                    s_lr, s_lh, s_ln, s_er, s_eh)
+                m, s = _fold_row(_row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr,
+                                                  lse_ptr, s_lr, s_lh, s_ln, s_er, s_eh), m, s)
 
-        score = acc / (nr * PER_GROUP).to(tl.float32)
-        score = tl.where(n_valid, score, float("-inf"))
+        score = m + tl.log(s) - tl.log((nr * PER_GROUP).to(tl.float32))
+        score = tl.where(n_valid & (s > 0), score, float("-inf"))
         dst = (out_ptr + layer.to(tl.int64) * s_ol + req.to(tl.int64) * s_ob + grp * s_og
                + offs_n.to(tl.int64) * s_on)
         tl.store(dst, score, mask=offs_n < n_keys)
@@ -340,11 +353,11 @@ def quest_page_scores(q, kmin, kmax, block_tables, num_pages, granularity: str,
     return out
 
 
-def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
-                    sizes: tuple[int, int] | None = None):
-    """Top pages expanded to positions plus the always-kept partial tail, batched (see the module
-    docstring). ``sizes``: ``(max(counts), max(selected pages))`` when the caller knows them (see
-    `quest_sizes`), saving the one device-to-host read."""
+def quest_positions_reference(page_scores, num_pages, bases, budgets, page_size: int,
+                              sizes: tuple[int, int] | None = None):
+    """Top pages expanded to positions plus the always-kept partial tail, batched, in torch (see
+    the module docstring). ``sizes``: ``(max(counts), max(selected pages))`` when the caller knows
+    them (see `quest_sizes`), saving the one device-to-host read."""
     batch, groups, p_max = page_scores.shape
     device = page_scores.device
     num_pages = _as_int_tensor(num_pages, device)
@@ -373,6 +386,90 @@ def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
     out = torch.where(j < n_top[:, None, None], top.long(), tail)
     out = torch.where(j < counts[:, None, None], out, 0)
     return out.to(torch.int32), counts.to(torch.int32)
+
+
+def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
+                    sizes: tuple[int, int] | None = None):
+    """Triton version of ``quest_positions_reference``: one program per (request, group) ranks
+    its pages in registers (a sort of packed (score, page) keys), sorts the chosen ones by page and
+    writes the positions, instead of some twenty small torch ops (82 us per call at batch 64 x 8K
+    on the H200, x 30 layers x every draft step: bench/results/kernels-2026-12-01-h200.json).
+    Ties go to the lower page. CUDA-graph safe when ``sizes`` is given."""
+    if triton is None:
+        raise RuntimeError("quest_positions needs Triton; use quest_positions_reference")
+    batch, groups, p_max = page_scores.shape
+    device = page_scores.device
+    num_pages, bases, budgets = (_as_int_tensor(x, device) for x in (num_pages, bases, budgets))
+    if sizes is None:
+        n_sel = torch.minimum(num_pages, ((budgets + page_size - 1) // page_size).clamp(min=1))
+        counts = n_sel * page_size + bases - num_pages * page_size
+        sizes = (int(counts.max()) if batch else 0, 0)               # one sync
+    k = sizes[0]
+    out = torch.empty(batch, groups, k, dtype=torch.int32, device=device)
+    counts = torch.empty(batch, dtype=torch.int32, device=device)
+    if batch == 0:
+        return out, counts
+    block_p = max(16, triton.next_power_of_2(max(p_max, 1)))
+    scratch = torch.empty(batch, groups, block_p, dtype=torch.int32, device=device)
+    _quest_positions_kernel[(batch, groups)](
+        page_scores, num_pages, bases, budgets, out, counts, scratch,
+        *page_scores.stride(), *out.stride(), p_max, k,
+        PAGE=page_size, BLOCK_P=block_p, BLOCK_K=min(1024, max(16, triton.next_power_of_2(max(k, 1)))),
+        INTERPRET=_interpreting())
+    return out, counts
+
+
+if triton is not None:
+
+    @triton.jit
+    def _quest_positions_kernel(
+            scores_ptr, npages_ptr, bases_ptr, budgets_ptr, out_ptr, counts_ptr, scratch_ptr,
+            s_sb, s_sg, s_sp, s_ob, s_og, s_ok, p_max, k_out,
+            PAGE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr,
+            INTERPRET: tl.constexpr):
+        """One program = one (request, group): the n_sel best pages, then their positions in page
+        order, then the partial tail [n_pages * PAGE, base), then 0 up to k_out."""
+        req = tl.program_id(0)
+        grp = tl.program_id(1)
+        n_pages = tl.load(npages_ptr + req).to(tl.int32)
+        base = tl.load(bases_ptr + req).to(tl.int32)
+        budget = tl.load(budgets_ptr + req).to(tl.int32)
+        n_sel = tl.where(n_pages > 0, tl.minimum(n_pages, tl.maximum(1, (budget + PAGE - 1) // PAGE)), 0)
+        offs_p = tl.arange(0, BLOCK_P)
+        sc = tl.load(scores_ptr + req.to(tl.int64) * s_sb + grp * s_sg + offs_p * s_sp,
+                     mask=offs_p < tl.minimum(n_pages, p_max), other=float("-inf"))
+        # Rank: float bits made order-preserving as an int, the page (reversed, so ties go to the
+        # lower page) in the low half; one descending sort.
+        bits = sc.to(tl.int32, bitcast=True)
+        key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+        ranked = tl.sort((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), descending=True)
+        page = BLOCK_P - 1 - (ranked & 0xFFFFFFFF).to(tl.int32)         # page of rank i
+        chosen = tl.sort(tl.where(offs_p < n_sel, page, 2 * BLOCK_P), descending=False)
+        row = req.to(tl.int64) * (tl.num_programs(1) * BLOCK_P) + grp * BLOCK_P
+        tl.store(scratch_ptr + row + offs_p, chosen)
+        tl.debug_barrier()               # the chosen pages, read back by position below
+        n_top = n_sel * PAGE
+        count = n_top + (base - n_pages * PAGE)
+        dst = out_ptr + req.to(tl.int64) * s_ob + grp * s_og
+        if INTERPRET:
+            k0 = 0
+            while k0 < k_out:
+                _quest_write(k0, dst, s_ok, scratch_ptr + row, n_top, count, n_pages, k_out, PAGE, BLOCK_K)
+                k0 += BLOCK_K
+        else:
+            for k0 in range(0, k_out, BLOCK_K):
+                _quest_write(k0, dst, s_ok, scratch_ptr + row, n_top, count, n_pages, k_out, PAGE, BLOCK_K)
+        if grp == 0:
+            tl.store(counts_ptr + req, count)
+
+    @triton.jit
+    def _quest_write(k0, dst, s_ok, chosen_ptr, n_top, count, n_pages, k_out,
+                     PAGE: tl.constexpr, BLOCK_K: tl.constexpr):
+        j = k0 + tl.arange(0, BLOCK_K)
+        pg = tl.load(chosen_ptr + j // PAGE, mask=j < n_top, other=0)
+        val = tl.where(j < n_top, pg * PAGE + j % PAGE,
+                       tl.where(j < count, n_pages * PAGE + (j - n_top), 0))
+        tl.store(dst + j * s_ok, val, mask=j < k_out)
 
 
 def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page_size: int):

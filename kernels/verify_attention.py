@@ -41,11 +41,24 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 
 COLLECT_MODES = ("none", "c2q", "all")
 MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
-# Launch configuration per collection path (0 none, 1 rows stored from the main tile, 2 the
-# first/last tile): (keys per tile, warps, pipeline stages). None: 128 keys, 4 warps, 2 stages,
-# the fastest of 24 configurations without collection on the H200
-# (bench/results/kernels-2026-11-30-h200.json, `sweep: tune`).
-LAUNCH_CONFIG = {0: (128, 4, 2), 1: (128, 4, 2), 2: (128, 4, 2)}
+
+
+def launch_config(collect_mode: int, head_dim: int) -> tuple[int, int, int]:
+    """(keys per tile, warps, pipeline stages) per collection path: 0 none, 1 rows stored from
+    the main tile, 2 the first/last tile. The fastest of the H200 sweeps at batch 64 x 8K, 8 rows
+    (bench/results/kernels-2026-12-01-h200.json, `sweep: collect_tune`; none also 24 configs in
+    kernels-2026-11-30-h200.json): storing logits from a 64-key tile beats 128 keys (SmolLM2's
+    shape 214 vs 253 us, the 8B one 974 vs 990), and so does the first/last tile at head dim 128
+    (985 vs 1164), but not at 64 (217 vs 204)."""
+    if collect_mode == 0 or (collect_mode == 2 and head_dim <= 64):
+        return 128, 4, 2
+    return 64, 4, 2
+
+
+def c2q_tile_pays(head_dim: int) -> bool:
+    """Collect-2-Query through the first/last tile (else from the main tile): faster at head dim
+    64 (204 vs 214 us), not at 128 (985 vs 974) in the same sweep."""
+    return head_dim <= 64
 
 
 class CollectedLogits(NamedTuple):
@@ -384,7 +397,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
-    ``num_stages`` default to `LAUNCH_CONFIG` for the collection path taken. ``num_splits`` splits each
+    ``num_stages`` default to `launch_config` for the collection path taken. ``num_splits`` splits each
     request's context into that many equal ranges processed by separate programs and merged
     (flash-decoding); None picks `default_num_splits`.
 
@@ -445,7 +458,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    tile, warps, stages = LAUNCH_CONFIG[collect_mode]
+    tile, warps, stages = launch_config(collect_mode, dim)
     block_n, num_warps, num_stages = block_n or tile, num_warps or warps, num_stages or stages
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)

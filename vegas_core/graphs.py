@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
+from kernels.verify_attention import MAX_Q_ROWS, c2q_tile_pays, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
 from .attention.kernel_backend import _Dense, _Plan, _Sparse
@@ -248,8 +248,9 @@ class GraphRunner:
             collects = [e.collect_rows for e in entries if e.collect_rows is not None]
             if collects and collector is None:
                 return None
-            mode = 0 if not collects else 2 if all(
-                set(c) <= {0, len(e.tokens) - 1} for e in entries if (c := e.collect_rows) is not None) else 1
+            first_last = all(set(c) <= {0, len(e.tokens) - 1}
+                             for e in entries if (c := e.collect_rows) is not None)
+            mode = 0 if not collects else 2 if first_last and c2q_tile_pays(self.runner.config.head_dim) else 1
             return GraphKey("dense", batch, rows=max(len(e.tokens) for e in entries), collect=mode)
         if any(v is None or len(e.tokens) != 1 or e.logits != "last" or v.wants_recall
                for v, e in zip(views, entries)):

@@ -23,7 +23,7 @@ E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload lo
 for stage in "$@"; do
   case $stage in
     tests) TAIL=30 step tests 170 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
-             tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py ;;
+             tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;
     smokeall) mkdir -p "$OUT/results/smoke"; TAIL=20 step smokeall 300 "${E2E[@]}" --sampling greedy \
@@ -31,10 +31,11 @@ for stage in "$@"; do
     eager) mkdir -p "$OUT/results/eager"; TAIL=16 step eager 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
-               --sweep-rows 2 8 16 --no-tune --collect-tune --out "$OUT/results" ;;
-    e2e) TAIL=22 step e2e 500 "${E2E[@]}" ;;
-    tune) TAIL=16 step tune 480 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
-            --workload long-input --batch 64 --gen-tokens 128 --out "$OUT/results" ;;
+               --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
+    e2e) TAIL=22 step e2e 280 "${E2E[@]}" ;;
+    tune) TAIL=16 step tune 300 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
+            --workload long-input --batch 64 --gen-tokens 128 --sparsities 0.02 0.04 0.07 0.1 0.15 \
+            --gammas 3 4 6 8 10 --large-gamma 10 --out "$OUT/results" ;;
     profile) for m in vegas vanilla; do
                timeout 150 python3 scripts/device/profile_step.py $m 64 6000 > "$OUT/profile-$m.txt" 2>&1
                echo "rc=$? profile $m" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$m.txt" | head -45

@@ -2,8 +2,8 @@
 references, and the batched selection against the engine's per-request functions in
 `vegas_core.spec.select`.
 
-Tolerances: `selection_scores` vs its reference atol = 1e-6, rtol = 1e-5 (float32 maths on the same
-bf16 logits; only exp rounding and summation order differ); `quest_page_scores` vs its reference and
+Tolerances: `selection_scores` (log-mean weights) vs its reference atol = 1e-6, rtol = 1e-5
+(float32 maths on the same bf16 logits; only exp/log rounding and summation order differ); `quest_page_scores` vs its reference and
 vs `quest_scores` atol = rtol = 1e-4. Selected positions must be exactly the engine's sets; the
 random data are drawn so that scores are distinct (logits are distinct multiples of 1/8, exact in
 bf16) and every test checks that the last chosen and first rejected reference scores differ by more than
@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from kernels.select import (quest_page_scores, quest_page_scores_reference, quest_positions,
-                            selection_scores, selection_scores_reference, topk_positions,
-                            update_page_bounds)
+                            quest_positions_reference, quest_sizes, selection_scores,
+                            selection_scores_reference, topk_positions, update_page_bounds)
 from kernels.verify_attention import collected_rows, verify_attention_reference
 from tests.kernels.paged import shuffled_tables
 from vegas_core.spec.select import (quest_page_bounds, quest_scores, quest_select,
@@ -267,13 +267,22 @@ def test_quest_page_scores_bf16(gran):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+QUEST_POSITIONS = (quest_positions, quest_positions_reference)
+
+
+@pytest.mark.parametrize("positions", QUEST_POSITIONS)
 @pytest.mark.parametrize("gran", GRANS)
 @pytest.mark.parametrize("idx", range(len(QUEST_CASES)))
-def test_quest_positions_match_engine(idx, gran):
+def test_quest_positions_match_engine(idx, gran, positions):
     q, k_cache, tables, kmin, kmax, num_pages = quest_case(idx)
     bases, budgets, heads, kv_heads, _, ps = QUEST_CASES[idx]
     scores = quest_page_scores(q, kmin, kmax, tables, num_pages, gran)
-    idxs, counts = quest_positions(scores, num_pages, _i32(bases), _i32(budgets), ps)
+    idxs, counts = positions(scores, num_pages, _i32(bases), _i32(budgets), ps)
+    # As a CUDA graph calls it: sizes given and wider than needed (the rest is padding 0).
+    k, s_max = quest_sizes(num_pages.tolist(), bases, budgets, ps)
+    wide, wide_counts = positions(scores, num_pages, _i32(bases), _i32(budgets), ps, sizes=(k + 5, min(s_max + 1, scores.shape[-1])))
+    assert torch.equal(wide[:, :, :k], idxs) and (wide[:, :, k:] == 0).all()
+    assert torch.equal(wide_counts, counts)
     groups = 1 if gran == "layer" else kv_heads
     assert idxs.dtype == torch.int32 and counts.dtype == torch.int32
     assert idxs.shape == (len(bases), groups, max(counts.tolist()))
@@ -294,7 +303,8 @@ def test_quest_positions_match_engine(idx, gran):
     assert any(k >= base for base, k in zip(bases, budgets))
 
 
-def test_quest_no_complete_page_anywhere():
+@pytest.mark.parametrize("positions", QUEST_POSITIONS)
+def test_quest_no_complete_page_anywhere(positions):
     """Pmax == 0: no launch, only the partial tails; and nothing at all when every base is 0."""
     q, k_cache, tables, kmin, kmax, _ = quest_case(0)
     num_pages = _i32([0] * q.shape[0])
@@ -304,10 +314,10 @@ def test_quest_no_complete_page_anywhere():
         assert scores.shape == (q.shape[0], groups, 0)
         assert torch.equal(scores, quest_page_scores_reference(q, kmin, kmax, tables, num_pages, gran))
     scores = torch.empty(2, 3, 0, device=DEVICE)
-    idx, counts = quest_positions(scores, _i32([0, 0]), _i32([3, 5]), _i32([4, 4]), 8)
+    idx, counts = positions(scores, _i32([0, 0]), _i32([3, 5]), _i32([4, 4]), 8)
     assert counts.tolist() == [3, 5] and idx.shape == (2, 3, 5)
     assert idx[0].tolist() == [[0, 1, 2, 0, 0]] * 3 and idx[1].tolist() == [[0, 1, 2, 3, 4]] * 3
-    idx, counts = quest_positions(scores, _i32([0, 0]), _i32([0, 0]), _i32([0, 0]), 8)
+    idx, counts = positions(scores, _i32([0, 0]), _i32([0, 0]), _i32([0, 0]), 8)
     assert counts.tolist() == [0, 0] and idx.shape == (2, 3, 0)
 
 

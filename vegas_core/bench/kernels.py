@@ -262,7 +262,7 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) ->
 
 
 def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
-    """The launch configuration per collection path (`kernels.verify_attention.LAUNCH_CONFIG`):
+    """The launch configuration per collection path (`kernels.verify_attention.launch_config`):
     tile, warps and stages for C2Q through the first/last tile and from the main tile, beside no
     collection, at one shape (records with `sweep: collect_tune`)."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
