@@ -127,33 +127,30 @@ def selection_scores_reference(logits, lse, row_start, row_count, bases, kv_head
 if triton is not None:
 
     @triton.jit
-    def _row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr, lse_ptr,
-                         s_lr, s_lh, s_ln, s_er, s_eh):
-        """Log softmax weights (logit - lse) of one collected row for the program's heads x
-        positions: [BLOCK_H, BLOCK_N] float32, -inf outside."""
+    def _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr, s_lr, s_lh, s_ln, s_er, s_eh,
+                   PER_GROUP: tl.constexpr):
+        """Fold one collected row's log weights (logit - lse) of the group's heads, one head at a
+        time, into the running (max, sum of exp(x - max)) per position: every reduction is per
+        position, none crosses threads."""
         r64 = r.to(tl.int64)
-        lse = tl.load(lse_ptr + r64 * s_er + head * s_eh, mask=h_valid, other=0.0).to(tl.float32)
-        lg = tl.load(logits_ptr + r64 * s_lr + head[:, None] * s_lh
-                     + offs_n.to(tl.int64)[None, :] * s_ln,
-                     mask=h_valid[:, None] & n_valid[None, :], other=float("-inf"))
-        return lg.to(tl.float32) - lse[:, None]
-
-    @triton.jit
-    def _fold_row(x, m, s):
-        """Fold a row's log weights [BLOCK_H, BLOCK_N] into the running (max, sum) per position."""
-        m_new = tl.maximum(m, tl.max(x, axis=0))
-        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new[None, :]), axis=0)
-        return m_new, s
+        for h in tl.static_range(PER_GROUP):
+            head = grp * PER_GROUP + h
+            lse = tl.load(lse_ptr + r64 * s_er + head * s_eh).to(tl.float32)
+            x = tl.load(logits_ptr + r64 * s_lr + head * s_lh + offs_n.to(tl.int64) * s_ln,
+                        mask=n_valid, other=float("-inf")).to(tl.float32) - lse
+            m_new = tl.maximum(m, x)
+            s = s * tl.exp(m - m_new) + tl.exp(x - m_new)
+            m = m_new
+        return m, s
 
     @triton.jit
     def _selection_scores_kernel(
             logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr, batch,
             s_ll, s_lr, s_lh, s_ln, s_el, s_er, s_eh, s_ol, s_ob, s_og, s_on, n_keys,
-            PER_GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one (layer, request) x one group x BLOCK_N positions; loops over the
-        request's rows, all the group's heads at once (a BLOCK_H x BLOCK_N tile per row). Every
-        layer of a model step in one launch."""
+        request's rows and, within a row, the group's heads, each a contiguous BLOCK_N load.
+        Every layer of a model step in one launch."""
         layer = tl.program_id(0) // batch
         req = tl.program_id(0) % batch
         grp = tl.program_id(1)
@@ -165,15 +162,11 @@ if triton is not None:
         lse_ptr += layer.to(tl.int64) * s_el
 
         offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_h = tl.arange(0, BLOCK_H)
-        head = grp * PER_GROUP + offs_h
-        h_valid = offs_h < PER_GROUP
         n_valid = (offs_n < base) & (offs_n < n_keys)
         # A tile wholly at or past the base reads nothing: its rows loop is empty.
         r_end = tl.where(tile * BLOCK_N < base, r0 + nr, r0)
-
-        # Online log-sum-exp over the rows (as flash attention folds keys): running max m (finite
-        # floor, so an all -inf position stays NaN-free) and sum s of exp(x - m).
+        # Online log-sum-exp over rows x heads (as flash attention folds keys): running max m
+        # (finite floor, so an all -inf position stays NaN-free) and sum s of exp(x - m).
         m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
         s = tl.zeros([BLOCK_N], dtype=tl.float32)
         if INTERPRET:
@@ -181,13 +174,13 @@ if triton is not None:
             # (see verify_attention); a while loop evaluates the same.
             r = r0
             while r < r_end:
-                m, s = _fold_row(_row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr,
-                                                  lse_ptr, s_lr, s_lh, s_ln, s_er, s_eh), m, s)
+                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
+                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
                 r += 1
         else:
             for r in range(r0, r_end):
-                m, s = _fold_row(_row_log_weights(r, offs_n, head, h_valid, n_valid, logits_ptr,
-                                                  lse_ptr, s_lr, s_lh, s_ln, s_er, s_eh), m, s)
+                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
+                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
 
         score = m + tl.log(s) - tl.log((nr * PER_GROUP).to(tl.float32))
         score = tl.where(n_valid & (s > 0), score, float("-inf"))
@@ -240,13 +233,13 @@ def _interpreting() -> bool:
 
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
-                     block_n: int = 256):
+                     block_n: int = 1024):
     """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
-    ``block_n``-position tiles). 64-position tiles read 0.38 TB/s on the H200 for a SmolLM2 step
-    at batch 64 x 6K (1.1 ms; bench/results/logs/profile-2026-12-01-h200-vegas.txt): programs
-    too small to keep loads in flight, hence 256."""
+    ``block_n``-position tiles), each program walking rows x heads with one contiguous load each.
+    (Loading a [heads, 64 or 256] tile per row and reducing over its heads ran at 0.2-0.4 TB/s on
+    the H200: bench/results/logs/profile-2026-12-01-h200-vegas.txt, kernels-2026-12-01-h200-run1.json.)"""
     if triton is None:
         raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
     single = logits.dim() == 3
@@ -260,8 +253,7 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
         _selection_scores_kernel[(layers * batch, groups, triton.cdiv(n, block_n))](
             logits, lse, out, row_start, row_count, bases, batch,
             *logits.stride(), *lse.stride(), *out.stride(), n,
-            PER_GROUP=per_group, BLOCK_H=triton.next_power_of_2(per_group), BLOCK_N=block_n,
-            INTERPRET=_interpreting())
+            PER_GROUP=per_group, BLOCK_N=block_n, INTERPRET=_interpreting())
     return out[0] if single else out
 
 

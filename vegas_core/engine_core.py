@@ -270,13 +270,18 @@ class EngineCore:
         # Temperature 0 for the whole batch: every row's argmax in one op and one host read, instead
         # of a probability table, a sampler call and a read per request (the same tokens).
         targets = logits.argmax(dim=-1).tolist() if all(r.sampling.is_greedy for r in reqs) else None
+        probs = None
+        if targets is None:
+            # Every row's target distribution in one call (one sort of the vocabulary for the
+            # whole batch when a request filters by top-k/top-p/min-p), not one per request.
+            probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens])
         for req, entry in zip(reqs, entries):
             n = len(entry.tokens)
             if targets is not None:
                 res = self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n], logits[row:row + n])
             else:
                 res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id),
-                                   logits[row:row + n])
+                                   probs[row:row + n], logits[row:row + n])
             results.append(res)
             row += n
         return results
@@ -339,8 +344,8 @@ class EngineCore:
         logits = self.runner.forward(entries, self.allocator, collector, graph=True)
         return entries, logits, collector
 
-    def _accept(self, req: Request, drafts: list[int], qprobs, logits: torch.Tensor):
-        p = logits_to_probs(logits, [req.sampling] * logits.shape[0])
+    def _accept(self, req: Request, drafts: list[int], qprobs, p: torch.Tensor, logits: torch.Tensor):
+        """Rejection sampling of one request's drafts against its target distributions `p`."""
         if drafts:
             res = rejection_sample(drafts, torch.stack(qprobs), p, req.generator, req.sampling.is_greedy)
         else:

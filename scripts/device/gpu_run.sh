@@ -9,7 +9,8 @@
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three vegas and three vanilla iterations (GPU kernels vs host)
-# Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed.
+# Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
+# options to the e2e stage (e.g. --tuned bench/results/tune-....json).
 set -uo pipefail
 . /root/vegas-env
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
@@ -32,7 +33,7 @@ for stage in "$@"; do
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
-    e2e) TAIL=22 step e2e 280 "${E2E[@]}" ;;
+    e2e) TAIL=22 step e2e 280 "${E2E[@]}" ${E2E_ARGS:-} ;;
     tune) TAIL=16 step tune 300 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
             --workload long-input --batch 64 --gen-tokens 128 --sparsities 0.02 0.04 0.07 0.1 0.15 \
             --gammas 3 4 6 8 10 --large-gamma 10 --out "$OUT/results" ;;
