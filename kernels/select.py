@@ -147,10 +147,12 @@ if triton is not None:
     def _selection_scores_kernel(
             logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr, batch,
             s_ll, s_lr, s_lh, s_ln, s_el, s_er, s_eh, s_ol, s_ob, s_og, s_on, n_keys,
-            PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
+            PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, PACK: tl.constexpr,
+            INTERPRET: tl.constexpr):
         """One program = one (layer, request) x one group x BLOCK_N positions; loops over the
         request's rows and, within a row, the group's heads, each a contiguous BLOCK_N load.
-        Every layer of a model step in one launch."""
+        Every layer of a model step in one launch. PACK: write int64 top-k keys (see
+        `selection_keys`) instead of the float scores."""
         layer = tl.program_id(0) // batch
         req = tl.program_id(0) % batch
         grp = tl.program_id(1)
@@ -186,7 +188,14 @@ if triton is not None:
         score = tl.where(n_valid & (s > 0), score, float("-inf"))
         dst = (out_ptr + layer.to(tl.int64) * s_ol + req.to(tl.int64) * s_ob + grp * s_og
                + offs_n.to(tl.int64) * s_on)
-        tl.store(dst, score, mask=offs_n < n_keys)
+        if PACK:
+            # The float's bits made order-preserving as a signed int, then the position (reversed:
+            # ties go to the lower one) in the low half: every key is distinct.
+            bits = score.to(tl.int32, bitcast=True)
+            key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+            tl.store(dst, (key << 32) | (0x7FFFFFFF - offs_n).to(tl.int64), mask=offs_n < n_keys)
+        else:
+            tl.store(dst, score, mask=offs_n < n_keys)
 
     @triton.jit
     def _quest_page_scores_kernel(
@@ -233,7 +242,7 @@ def _interpreting() -> bool:
 
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
-                     block_n: int = 1024):
+                     block_n: int = 1024, packed: bool = False):
     """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
@@ -248,12 +257,13 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
     layers, rows, heads, n = logits.shape
     groups, per_group = _groups(granularity, heads, kv_heads)
     batch = row_start.shape[0]
-    out = torch.empty(layers, batch, groups, n, dtype=torch.float32, device=logits.device)
+    out = torch.empty(layers, batch, groups, n, dtype=torch.int64 if packed else torch.float32,
+                      device=logits.device)
     if batch and n and layers:
         _selection_scores_kernel[(layers * batch, groups, triton.cdiv(n, block_n))](
             logits, lse, out, row_start, row_count, bases, batch,
             *logits.stride(), *lse.stride(), *out.stride(), n,
-            PER_GROUP=per_group, BLOCK_N=block_n, INTERPRET=_interpreting())
+            PER_GROUP=per_group, BLOCK_N=block_n, PACK=packed, INTERPRET=_interpreting())
     return out[0] if single else out
 
 
@@ -484,7 +494,11 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity)
+    # Top-k over int64 (score, position) keys: a greedy 135M model loops, its repeated keys give
+    # exactly equal scores, and ties sent torch.topk's radix select into a path 10x slower
+    # (20 ms a step for SpecExtend, bench/results/e2e-2026-12-01-h200-run2.json). Distinct keys,
+    # the same top sets (ties to the lower position).
+    scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity, packed=True)
     layers, batch, groups, n = scores.shape                                     # [L, B, G, N]
     budgets = _as_int_tensor(budgets, scores.device)
     pos = _topk_sorted(scores.view(layers * batch, groups, n), budgets.repeat(layers), k_max)

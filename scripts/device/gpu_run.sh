@@ -25,6 +25,7 @@ for stage in "$@"; do
   case $stage in
     tests) TAIL=30 step tests 170 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
              tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
+    select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;
     smokeall) mkdir -p "$OUT/results/smoke"; TAIL=20 step smokeall 300 "${E2E[@]}" --sampling greedy \

@@ -343,3 +343,15 @@ def test_select_layers_equals_per_layer_selection():
             want, _ = topk_positions(selection_scores(lg, ls, start, count, bases, kvh, gran), budgets)
             for b, k in enumerate(budgets.tolist()):
                 assert torch.equal(got[layer, b, :, :k], want[b, :, :k]), (gran, layer, b)
+
+
+def test_select_layers_breaks_ties_by_position():
+    """Exactly equal scores (repeated keys) keep the lower positions; negative and positive
+    log-weights order as floats do (the packed int64 keys the top-k runs on)."""
+    from kernels.select import select_layers
+    n = 12
+    logits = torch.tensor([0.0, 2.0, 2.0, -1.0, 2.0, 5.0, -3.0, 5.0, 1.0, 0.5, 2.0, 4.0])
+    logits = logits.view(1, 1, 1, n).to(torch.bfloat16).to(DEVICE)                # [L, R, H, N]
+    lse = torch.logsumexp(logits.float(), -1)
+    got = select_layers((logits, lse), _i32([0]), _i32([1]), _i32([n]), _i32([5]), 5, 1, "layer")
+    assert got[0, 0, 0].tolist() == [1, 2, 5, 7, 11]          # 5, 5, 4, then the first two 2.0s
