@@ -143,7 +143,9 @@ if triton is not None:
             m = m_new
         return m, s
 
-    @triton.jit
+    # Sizes and output strides change with every step's longest prefix: not specialised on, or an
+    # eager step would recompile the kernel whenever one turns divisible by 16.
+    @triton.jit(do_not_specialize=["batch", "s_ol", "s_ob", "s_og", "n_keys"])
     def _selection_scores_kernel(
             logits_ptr, lse_ptr, out_ptr, start_ptr, count_ptr, bases_ptr, batch,
             s_ll, s_lr, s_lh, s_ln, s_el, s_er, s_eh, s_ol, s_ob, s_og, s_on, n_keys,
