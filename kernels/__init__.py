@@ -7,8 +7,11 @@ GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend
   (Collect-2-Query, all rows, or any list) without changing the output;
 - `sparse_attention`: a draft row per request over a token list (per layer or per KV head) plus
   the entries written since the last verification, split over the list with a merge;
-- `select`: softmax re-materialisation + mean + top-k for a whole model step (`select_layers`),
-  and Quest's page bounds beside the pool, page scores and page -> position expansion.
+- `select`: softmax re-materialisation + mean (in log space) + top-k for a whole model step
+  (`select_layers`), and Quest's page bounds beside the pool, page scores and page -> position
+  expansion (`quest_positions`);
+- `fused`: the decoder layer's element-wise work in three launches (residual add + RMSNorm,
+  rotary + K/V pool write, SiLU * up), for the GPU path's CUDA graphs.
 
 CI runs each against its reference under TRITON_INTERPRET=1 (tests/kernels); on a GPU the same
 tests run compiled with TRITON_INTERPRET=0. `python -m vegas_core.bench kernels` times them.

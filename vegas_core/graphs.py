@@ -206,7 +206,8 @@ class GraphRunner:
         the entries' tokens, step j the argmax of step j - 1; request i runs `limits[i]` steps
         (1..steps), its later columns are garbage. None when no graph takes these entries."""
         key = self._key(entries, None)
-        if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN:
+        if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN \
+                or any(e.start + steps > self.width for e in entries):
             return None
         key = replace(key, chain=True)
         self.buf.wait_for_copy()
