@@ -357,6 +357,13 @@ def quest_page_scores(q, kmin, kmax, block_tables, num_pages, granularity: str,
     return out
 
 
+def _quest_counts(num_pages, bases, budgets, page_size: int):
+    """Per request (int64 tensors): the pages Quest keeps and the positions it attends below the
+    base (those pages plus the partial tail)."""
+    n_sel = torch.minimum(num_pages, ((budgets + page_size - 1) // page_size).clamp(min=1))
+    return n_sel, n_sel * page_size + (bases - num_pages * page_size)
+
+
 def quest_positions_reference(page_scores, num_pages, bases, budgets, page_size: int,
                               sizes: tuple[int, int] | None = None):
     """Top pages expanded to positions plus the always-kept partial tail, batched, in torch (see
@@ -367,10 +374,9 @@ def quest_positions_reference(page_scores, num_pages, bases, budgets, page_size:
     num_pages = _as_int_tensor(num_pages, device)
     bases = _as_int_tensor(bases, device)
     budgets = _as_int_tensor(budgets, device)
-    n_sel = torch.minimum(num_pages, ((budgets + page_size - 1) // page_size).clamp(min=1))
+    n_sel, counts = _quest_counts(num_pages, bases, budgets, page_size)
     tail_start = num_pages * page_size
     n_top = n_sel * page_size                                                  # [B]
-    counts = n_top + (bases - tail_start)
     if sizes is not None:
         k, s_max = sizes
     else:
@@ -405,8 +411,7 @@ def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
     device = page_scores.device
     num_pages, bases, budgets = (_as_int_tensor(x, device) for x in (num_pages, bases, budgets))
     if sizes is None:
-        n_sel = torch.minimum(num_pages, ((budgets + page_size - 1) // page_size).clamp(min=1))
-        counts = n_sel * page_size + bases - num_pages * page_size
+        counts = _quest_counts(num_pages, bases, budgets, page_size)[1]
         sizes = (int(counts.max()) if batch else 0, 0)               # one sync
     k = sizes[0]
     out = torch.empty(batch, groups, k, dtype=torch.int32, device=device)

@@ -39,13 +39,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from kernels.select import quest_sizes
 from kernels.verify_attention import MAX_Q_ROWS, c2q_tile_pays, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
-from .attention.kernel_backend import _Dense, _Plan, _Sparse
+from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
 from .spec.params import MAX_GAMMA
-from .spec.select import stream_indices
-from .spec.views import BlockQuestSelection, FixedSelection, StreamSelection
+from .spec.views import BlockQuestSelection, FixedSelection
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
 MAX_CHAIN = 16            # steps of one chain: gamma <= 16 drafts, or that many decode steps
@@ -190,13 +190,7 @@ class GraphRunner:
         key = self._key(entries, collector)
         if key is None:
             return None
-        self.buf.wait_for_copy()
-        self._fill_tables(entries, allocator, key.batch)
-        total = self._fill_rows(entries, key)
-        if key.kind == "dense":
-            self._fill_dense(entries, key, collector)
-        else:
-            self._fill_draft(entries, key)
+        total = self._fill(entries, allocator, key, collector)
         self.buf.upload()
         logits = self._graph(key).replay()
         return logits[:total]
@@ -210,13 +204,7 @@ class GraphRunner:
                 or any(e.start + steps > self.width for e in entries):
             return None
         key = replace(key, chain=True)
-        self.buf.wait_for_copy()
-        self._fill_tables(entries, allocator, key.batch)
-        self._fill_rows(entries, key)
-        if key.kind == "dense":
-            self._fill_dense(entries, key, None)
-        else:
-            self._fill_draft(entries, key)
+        self._fill(entries, allocator, key, None)
         limit = self.buf.field("limit", key.batch)
         limit[:len(entries)], limit[len(entries):] = limits, 0
         self.buf.field("step", 1)[0] = 0
@@ -260,13 +248,26 @@ class GraphRunner:
             return GraphKey("fixed", batch, groups=max(v.groups for v in views))
         if all(isinstance(v, BlockQuestSelection) and not v.keep_sets for v in views) \
                 and len({v.granularity for v in views}) == 1:
-            pages = max(_quest_pages(v) for v in views)
+            pages = quest_sizes([v.num_pages for v in views], [v.base for v in views],
+                                [v.budget for v in views], views[0].page_size)[1]
             groups = 1 if views[0].granularity == "layer" else self.runner.config.num_kv_heads
             pages = min(1 << max(0, pages - 1).bit_length(), self.blocks)   # few distinct graphs
             return GraphKey("quest", batch, groups=groups, pages=pages)
         return None
 
     # -- the step's numbers --------------------------------------------------------------------
+    def _fill(self, entries, allocator, key: GraphKey, collector) -> int:
+        """Write the step's numbers into the host staging (once the last copy from it is done);
+        returns the number of real rows. The caller uploads."""
+        self.buf.wait_for_copy()
+        self._fill_tables(entries, allocator, key.batch)
+        total = self._fill_rows(entries, key)
+        if key.kind == "dense":
+            self._fill_dense(entries, key, collector)
+        else:
+            self._fill_draft(entries, key)
+        return total
+
     def _fill_tables(self, entries, allocator, batch: int) -> None:
         """Block tables, when the batch (or one of its tables) changed since the last forward."""
         sig = (batch, tuple((e.seq_id, allocator.version(e.seq_id)) for e in entries))
@@ -361,19 +362,9 @@ class GraphRunner:
                 and all(a is b for a, b in zip(old[2], views)):
             return
         dst = self._index_buffer()[:, :len(views), :key.groups]
-        src = [v.source for v in views]
-        if all(s is not None and s[0] is src[0][0] for s in src):
-            cols = torch.tensor([s[1] for s in src], device=dst.device)
-            sets = src[0][0].index_select(1, cols)                      # [L, n, G', K]
-            dst[:, :, :, :sets.shape[3]] = sets.expand(-1, -1, key.groups, -1)
-        elif all(isinstance(v, StreamSelection) for v in views):
-            cols = torch.tensor([[v.base, v.budget, v.sink] for v in views], device=dst.device).T
-            k = max(v.budget for v in views)
-            dst[:, :, :, :k] = stream_indices(cols[0], cols[1], cols[2], k)[None, :, None, :]
-        else:
-            for j, v in enumerate(views):
-                s = v.stacked(dst.device)                               # [L, G', K]
-                dst[:, j, :, :s.shape[2]] = s.expand(-1, key.groups, -1)
+        cfg = self.runner.config
+        sets = stack_indices(views, dst.device, cfg.num_kv_heads, cfg.num_layers)   # [L, n, G', K]
+        dst[:, :, :, :sets.shape[3]] = sets.expand(-1, -1, key.groups, -1)
         self._indices_sig = sig
 
     # -- persistent outputs --------------------------------------------------------------------
@@ -442,8 +433,3 @@ class GraphRunner:
             g.p_max = self.blocks
             g.sizes = ((key.pages + 1) * self.block_size, key.pages)
         return g
-
-
-def _quest_pages(view: BlockQuestSelection) -> int:
-    """Pages Quest selects for this view (`kernels.select.quest_positions`' n_sel)."""
-    return min(view.num_pages, max(1, -(-view.budget // view.page_size))) if view.num_pages else 0

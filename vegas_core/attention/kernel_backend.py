@@ -172,7 +172,7 @@ class KernelBackend:
             views = [meta.seqs[i].sparse for i in fixed]
             g.host_counts = [v.budget for v in views]
             g.counts = torch.tensor(g.host_counts, dtype=torch.int32, device=device)
-            g.indices = self._stack_indices(views, device, pool.k[0].shape[2], len(pool.k))
+            g.indices = stack_indices(views, device, pool.k[0].shape[2], len(pool.k))
             plan.groups.append(g)
         for gran, members in quest.items():
             g = self._sparse_group(meta, members, tables, device)
@@ -188,31 +188,6 @@ class KernelBackend:
                              for p, b, k in zip(pages, bases, budgets)]
             plan.groups.append(g)
         return plan
-
-    @staticmethod
-    def _stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor:
-        """[L, B, G, K] int32: the requests' index sets side by side. When the batch is exactly the
-        one the batched selection produced (same tensor, same order), that tensor is used as is;
-        stream sets are made on the device for the whole batch (one set, every layer)."""
-        src = [getattr(v, "source", None) for v in views]
-        if src[0] is not None and all(s is not None and s[0] is src[0][0] and s[1] == j
-                                      for j, s in enumerate(src)) \
-                and src[0][0].shape[1] == len(views):
-            return src[0][0]
-        if all(isinstance(v, StreamSelection) for v in views):
-            cols = torch.tensor([[v.base, v.budget, v.sink] for v in views], device=device).T
-            pos = stream_indices(cols[0], cols[1], cols[2], max(max(v.budget for v in views), 1))
-            return pos[None, :, None, :].expand(num_layers, -1, -1, -1)
-        stacks = [v.stacked(device) for v in views]
-        groups = max(s.shape[1] for s in stacks)
-        kmax = max(max(s.shape[2] for s in stacks), 1)
-        idx = torch.zeros(stacks[0].shape[0], len(stacks), groups, kmax, dtype=torch.int32,
-                          device=device)
-        for j, s in enumerate(stacks):
-            if groups > 1 and s.shape[1] == 1:
-                s = s.expand(-1, kv_heads, -1)     # one set per layer, read by every KV head
-            idx[:, j, :, :s.shape[2]] = s
-        return idx
 
     @staticmethod
     def _sparse_group(meta, members, tables, device) -> _Sparse:
@@ -261,3 +236,29 @@ class KernelBackend:
             c.layer_logits, c.layer_lse, c.row_index = g.logits, g.lse, rows_t.to(device)
             c.rows_of.update(rows_of)
         return g
+
+
+def stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor:
+    """[L, B, G, K] int32: the requests' fixed index sets side by side (G = 1 or kv_heads; a set
+    per layer beside per-KV-head sets is read by every KV head). Sets the batched selection made
+    in one tensor are taken from it (as is when the batch is its columns in order, else one
+    gather); stream sets are made on the device for the whole batch (one set, every layer)."""
+    src = [getattr(v, "source", None) for v in views]
+    if all(s is not None and s[0] is src[0][0] for s in src):
+        stacked = src[0][0]
+        cols = [s[1] for s in src]
+        if cols == list(range(stacked.shape[1])):
+            return stacked
+        return stacked.index_select(1, torch.tensor(cols, device=stacked.device))
+    if all(isinstance(v, StreamSelection) for v in views):
+        cols = torch.tensor([[v.base, v.budget, v.sink] for v in views], device=device).T
+        pos = stream_indices(cols[0], cols[1], cols[2], max(max(v.budget for v in views), 1))
+        return pos[None, :, None, :].expand(num_layers, -1, -1, -1)
+    stacks = [v.stacked(device) for v in views]
+    groups = max(s.shape[1] for s in stacks)
+    kmax = max(max(s.shape[2] for s in stacks), 1)
+    idx = torch.zeros(stacks[0].shape[0], len(stacks), groups, kmax, dtype=torch.int32,
+                      device=device)
+    for j, s in enumerate(stacks):
+        idx[:, j, :, :s.shape[2]] = s.expand(-1, groups, -1)
+    return idx
