@@ -223,31 +223,36 @@ class EngineCore:
     def _decode(self, reqs: list[Request]) -> list[StepOutput]:
         wall_start = time.perf_counter()
         m_start = self._mark()
-        drafts, qprobs = self._draft(reqs)
+        drafts, qprobs, on_device = self._draft(reqs)
         m_draft = self._mark()
         chained = None if drafts else self._decode_chained(reqs)
+        bases = [req.num_cached for req in reqs]
+        old_selections = [req.selection for req in reqs]
+        selecting = []                      # (start, end) marks of the selection launches
         if chained is not None:
-            (entries, results), collector = chained, None
+            (entries, results), m_verify = chained, self._mark()
         else:
-            entries, logits, collector = self._verify(reqs, drafts)
-            results = self._accept_all(reqs, entries, drafts, qprobs, logits)
-        m_verify = self._mark()
-        accepted = []
-        for i, (req, entry, res) in enumerate(zip(reqs, entries, results)):
-            base = req.num_cached
+            entries, logits, collector = self._verify(reqs, drafts, on_device)
+            targets = self._targets(reqs, logits, drafts, on_device)
+            m_verify = self._mark()
+            # Selections that do not depend on what is accepted are launched before the host
+            # waits for the targets, so the GPU selects while the host accepts.
+            if self._select_all(reqs, entries, bases, None, collector):
+                selecting.append((m_verify, self._mark()))
+            results = self._accept_all(reqs, entries, drafts, qprobs, logits, targets)
+            m_late = self._mark()
+            if self._select_all(reqs, entries, bases, results, collector):
+                selecting.append((m_late, self._mark()))
+        for req, res, base in zip(reqs, results, bases):
             # The pending token and every kept one but the last are now cached: drafts accepted,
             # or the plain steps a chained decode ran.
             req.num_cached = base + len(res.tokens)
-            accepted.append((i, req, entry, res, base, req.selection))
-        m_select = self._mark()
-        self._select_all(accepted, collector)
-        m_selected = self._mark()
-        outputs = [self._emit(req, res, base, old_selection, drafts.get(req.request_id, []))
-                   for i, req, entry, res, base, old_selection in accepted]
+        outputs = [self._emit(req, res, base, old, drafts.get(req.request_id, []))
+                   for req, res, base, old in zip(reqs, results, bases, old_selections)]
         self._sync()
         wall_end = time.perf_counter()
         timings = dict(draft_ms=self._ms(m_start, m_draft), verify_ms=self._ms(m_draft, m_verify),
-                       select_ms=self._ms(m_select, m_selected), start_s=wall_start - self._t0)
+                       select_ms=sum(self._ms(a, b) for a, b in selecting), start_s=wall_start - self._t0)
         totals = self.phase_totals
         totals["iterations"] += 1
         totals["wall_ms"] += (wall_end - wall_start) * 1e3
@@ -265,11 +270,36 @@ class EngineCore:
                 self.allocator.truncate(req.request_id, req.num_cached)
         return outputs
 
-    def _accept_all(self, reqs, entries, drafts, qprobs, logits) -> list[RejectionResult]:
+    def _targets(self, reqs, logits, drafts, on_device):
+        """At temperature 0 for the whole batch: every row's argmax, with the drafts still on the
+        GPU, copied to the host in one copy that work launched after it does not delay. Returns
+        a callable that waits for that copy alone, fills the drafts' placeholder lists and gives
+        the targets; None for a sampled batch."""
+        if not all(r.sampling.is_greedy for r in reqs):
+            return None
+        flat = logits.argmax(dim=-1)
+        if on_device is not None:
+            flat = torch.cat([flat, on_device[0].t().reshape(-1)])     # [n, steps] after the targets
+        host, done = _to_host_async(flat)
+        n_rows = logits.shape[0]
+
+        def read():
+            if done is not None:
+                done.synchronize()
+            values = host.tolist()
+            if on_device is not None:
+                steps = on_device[0].shape[0]
+                for rid, col in on_device[1].items():
+                    at = n_rows + col * steps
+                    drafts[rid][:] = values[at:at + len(drafts[rid])]
+            return values[:n_rows]
+        return read
+
+    def _accept_all(self, reqs, entries, drafts, qprobs, logits, targets) -> list[RejectionResult]:
         results, row = [], 0
-        # Temperature 0 for the whole batch: every row's argmax in one op and one host read, instead
-        # of a probability table, a sampler call and a read per request (the same tokens).
-        targets = logits.argmax(dim=-1).tolist() if all(r.sampling.is_greedy for r in reqs) else None
+        # Temperature 0 for the whole batch: every row's argmax in one op and one host read
+        # (`_targets`), instead of a probability table, a sampler call and a read per request.
+        targets = targets() if targets is not None else None
         probs = None
         if targets is None:
             # Every row's target distribution in one call (one sort of the vocabulary for the
@@ -302,19 +332,23 @@ class EngineCore:
         return entries, results
 
     def _draft(self, reqs):
+        """Drafts (lists by request id), draft distributions of sampled drafts, and for greedy
+        drafts chained on the GPU (tokens [steps, n] on the device, column by request id): their
+        lists are then placeholders, filled once the verification's targets are read."""
         drafting = [r for r in reqs if r.spec.speculative and r.selection is not None]
         drafts = {r.request_id: [] for r in drafting}
         qprobs = {r.request_id: [] for r in drafting}
         if drafting and all(r.sampling.is_greedy for r in drafting):
-            # Greedy drafts chained on the GPU: every draft step with one host round trip.
+            # Greedy drafts chained on the GPU: every draft step with no host round trip, and the
+            # verification reads them there.
             gammas = [r.spec.gamma for r in drafting]
             entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, sparse=r.selection,
                                   logits="last") for r in drafting]
-            toks = self.runner.chain(entries, self.allocator, max(gammas), gammas)
+            toks = self.runner.chain(entries, self.allocator, max(gammas), gammas, to_host=False)
             if toks is not None:
-                for i, (r, g) in enumerate(zip(drafting, gammas)):
-                    drafts[r.request_id] = toks[:g, i].tolist()
-                return drafts, qprobs
+                for r, g in zip(drafting, gammas):
+                    drafts[r.request_id] = [0] * g
+                return drafts, qprobs, (toks, {r.request_id: i for i, r in enumerate(drafting)})
         for j in range(max((r.spec.gamma for r in drafting), default=0)):
             active = [r for r in drafting if r.spec.gamma > j]
             entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
@@ -331,16 +365,18 @@ class EngineCore:
             for r, tok, pr in zip(active, tokens, probs):
                 drafts[r.request_id].append(int(tok))
                 qprobs[r.request_id].append(pr)
-        return drafts, qprobs
+        return drafts, qprobs, None
 
-    def _verify(self, reqs, drafts):
+    def _verify(self, reqs, drafts, on_device=None):
         collector = LogitCollector()
         entries = []
+        columns = on_device[1] if on_device is not None else {}
         for r in reqs:
             d = drafts.get(r.request_id, [])
             rows = collect_rows(r.spec.method, 1 + len(d)) if r.spec.speculative else None
             entries.append(BatchEntry(r.request_id, [r.token_ids[-1]] + d, r.num_cached,
-                                      collect_rows=rows, logits="all"))
+                                      collect_rows=rows, logits="all",
+                                      device_drafts=columns.get(r.request_id)))
         logits = self.runner.forward(entries, self.allocator, collector, graph=True)
         return entries, logits, collector
 
@@ -366,23 +402,29 @@ class EngineCore:
             res.target_probs = _draft_confidence(logits, drafts)
         return res
 
-    def _select_all(self, accepted, collector: LogitCollector) -> None:
-        """Every speculative request's selection for its next draft phase: batched on the kernel
-        path (one scoring call per layer for the whole batch), one request at a time otherwise."""
-        spec_reqs = [(i, req, entry, res, base) for i, req, entry, res, base, _ in accepted
-                     if req.spec.speculative]
-        if not spec_reqs:
-            return
+    def _select_all(self, reqs, entries, bases, results, collector: LogitCollector) -> bool:
+        """Speculative requests' selections for their next draft phase. Called twice per
+        iteration: with `results` None for the policies whose selection does not depend on what
+        was accepted (launched before the host reads the targets), then with the results for the
+        others (SpecExtend scores the last accepted row). Batched on the kernel path (one scoring
+        launch for the whole batch), one request at a time otherwise. Returns whether it selected."""
+        late = results is not None
+        todo = [i for i, req in enumerate(reqs)
+                if req.spec.speculative and (req.spec.method == "specextend") == late]
+        if not todo:
+            return False
+        accepted = lambda i: results[i].num_accepted if late else 0   # noqa: E731
         if self.runner.kernels:
-            items = [SelectItem(i, req, base, res.num_accepted) for i, req, entry, res, base in spec_reqs]
+            items = [SelectItem(i, reqs[i], bases[i], accepted(i)) for i in todo]
             new = select_batch(items, collector, self.config.num_layers, self.config.num_kv_heads,
                                self.device, self.runner.page_bounds, self.allocator.block_table,
                                keep_sets=self.options.trace)
-            for _, req, *_ in spec_reqs:
-                req.selection = new[req.request_id]
-            return
-        for i, req, entry, res, base in spec_reqs:
-            req.selection = self._select(req, i, entry, base, res.num_accepted, collector)
+            for i in todo:
+                reqs[i].selection = new[reqs[i].request_id]
+            return True
+        for i in todo:
+            reqs[i].selection = self._select(reqs[i], i, entries[i], bases[i], accepted(i), collector)
+        return True
 
     def _select(self, req: Request, i: int, entry: BatchEntry, base: int, num_accepted: int,
                 collector: LogitCollector):
@@ -469,6 +511,19 @@ def _draft_confidence(logits: torch.Tensor, drafts: list[int]) -> list[float]:
     k = len(drafts)
     soft = torch.softmax(logits[:k], dim=-1)
     return soft[torch.arange(k, device=soft.device), torch.tensor(drafts, device=soft.device)].tolist()
+
+
+def _to_host_async(t: torch.Tensor):
+    """A host copy of `t` and an event that completes with it (None on a CPU, where the copy
+    is done on return). On a GPU the copy goes to pinned memory without blocking the host, so
+    the host can launch more work before it waits for the copy alone."""
+    if t.device.type != "cuda":
+        return t, None
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    return host, done
 
 
 def _prob(x: float) -> float:

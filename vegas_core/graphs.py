@@ -25,7 +25,9 @@ Chains (`run_chain`): for greedy one-row-per-request steps (draft steps; plain d
 vanilla batch) the graph also advances itself: its argmax becomes the next step's input, positions
 and contexts move on by one and each request's K/V slot follows its table, writing to the scratch
 slot past the request's own number of steps. Replayed `steps` times with no host round trip in
-between; the tokens are read back once.
+between; the tokens are read back once, or not at all: a verification whose entries name a chain
+column (`BatchEntry.device_drafts`) takes its draft tokens from the chain's history on the GPU
+(the ``src`` field maps its rows there), so drafting and verifying need no host read in between.
 
 `capture=False` runs exactly the same static-buffer code without capturing: how the CPU tests
 check this path under Triton's interpreter. Engines that trace attention recall, or keep Quest's
@@ -100,11 +102,12 @@ class _Graph:
 
 class _Buffers:
     """The static inputs, at the largest batch. Regions of the int64 buffer (each of its own
-    length, at fixed offsets): ids, pos, slots, seq_lens, collected rows [T each], a chain's step
-    limits [B] and step counter [1]; then the fields the kernels read as int32 (converted in the
-    graph): ctx, tail, counts, pages [B each], qloc [B + 1], row_slot [T]."""
+    length, at fixed offsets): ids, pos, slots, seq_lens, collected rows, each row's source in a
+    chain's history (-1: the host's id) [T each], a chain's step limits [B] and step counter [1];
+    then the fields the kernels read as int32 (converted in the graph): ctx, tail, counts,
+    pages [B each], qloc [B + 1], row_slot [T]."""
 
-    I64 = ("ids", "pos", "slots", "seq_lens", "crow", "limit", "step")
+    I64 = ("ids", "pos", "slots", "seq_lens", "crow", "src", "limit", "step")
     I32 = ("ctx", "tail", "counts", "pages", "qloc", "row_slot")
 
     def __init__(self, max_batch: int, blocks: int, device: torch.device):
@@ -195,10 +198,11 @@ class GraphRunner:
         logits = self._graph(key).replay()
         return logits[:total]
 
-    def run_chain(self, entries, allocator, steps: int, limits: list[int]) -> np.ndarray | None:
+    def run_chain(self, entries, allocator, steps: int, limits: list[int], to_host: bool = True):
         """Greedy tokens [steps, len(entries)] of `steps` chained one-row forwards: step 0 feeds
         the entries' tokens, step j the argmax of step j - 1; request i runs `limits[i]` steps
-        (1..steps), its later columns are garbage. None when no graph takes these entries."""
+        (1..steps), its later rows are garbage. Numpy, or with `to_host=False` a view of the
+        history on the device (valid until the next chain). None when no graph takes these entries."""
         key = self._key(entries, None)
         if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN \
                 or any(e.start + steps > self.width for e in entries):
@@ -212,7 +216,18 @@ class GraphRunner:
         graph = self._graph(key)
         for _ in range(steps):
             graph.replay()
-        return self._hist[:steps, :len(entries)].cpu().numpy()
+        tokens = self._hist[:steps, :len(entries)]
+        return tokens.cpu().numpy() if to_host else tokens
+
+    def with_host_drafts(self, entries):
+        """Entries whose chained drafts are read back into their token lists (for a forward that
+        no graph takes)."""
+        if all(e.device_drafts is None for e in entries):
+            return entries
+        hist = self._hist.cpu().numpy()
+        return [e if e.device_drafts is None else
+                replace(e, tokens=[e.tokens[0]] + hist[:len(e.tokens) - 1, e.device_drafts].tolist(),
+                        device_drafts=None) for e in entries]
 
     def _graph(self, key: GraphKey) -> _Graph:
         graph = self.graphs.get(key)
@@ -311,6 +326,14 @@ class GraphRunner:
         seq_lens[:total] = (starts + lens)[req]
         ids[total:], p[total:], seq_lens[total:] = 0, 0, 1
         slots[total:] = self.runner.pool.scratch_slot
+        if key.kind == "dense" and not key.chain:
+            src = self.buf.field("src", t)
+            src[:] = -1
+            at = 0
+            for e in entries:
+                if e.device_drafts is not None:   # row 1 + j is the chain's step j of this column
+                    src[at + 1:at + len(e.tokens)] = np.arange(len(e.tokens) - 1) * self.max_batch + e.device_drafts
+                at += len(e.tokens)
         ctx = self.buf.field("ctx", b)
         ctx[:len(entries)] = starts + lens
         ctx[len(entries):] = 0
@@ -396,7 +419,11 @@ class GraphRunner:
         v = self.buf.device_views(key)
         meta = AttentionMetadata(slot_mapping=v["slots"], seqs=[], block_tables=v["tables"],
                                  plan=_Plan(groups=[self._group(key, v)]))
-        logits = self.runner.model(v["ids"], v["pos"], self.runner.pool, meta, None, v["seq_lens"])
+        ids = v["ids"]
+        if key.kind == "dense" and not key.chain:     # rows whose token is a chain's draft
+            src = v["src"]
+            ids = torch.where(src >= 0, self._hist.view(-1)[src.clamp(min=0)], ids)
+        logits = self.runner.model(ids, v["pos"], self.runner.pool, meta, None, v["seq_lens"])
         if key.chain:
             self._advance(v, logits)
         return logits

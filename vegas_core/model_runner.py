@@ -25,6 +25,8 @@ class BatchEntry:
     sparse: object = None                 # a SparseView for draft steps
     collect_rows: list[int] | None = None  # verification rows whose logits to collect
     logits: str = "none"                  # "none", "last" or "all" rows of this entry
+    device_drafts: int | None = None      # tokens[1:] are placeholders: the drafts are column
+                                          # `device_drafts` of the last chain, still on the GPU
 
 
 ATTENTION_CHOICES = ("auto", "reference", "triton")
@@ -107,6 +109,8 @@ class ModelRunner:
             logits = self.graphs.run(entries, allocator, collector)
             if logits is not None:
                 return logits
+        if any(e.device_drafts is not None for e in entries):
+            entries = self.graphs.with_host_drafts(entries)   # this forward needs them on the host
         dev, bs = self.device, self.block_size
         ends = [e.start + len(e.tokens) for e in entries]
         # Every request's pool slots by position, padded to the longest: built once, on the device,
@@ -151,13 +155,14 @@ class ModelRunner:
                           torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(seq_lens).to(dev))
 
     def chain(self, entries: list[BatchEntry], allocator: BlockAllocator, steps: int,
-              limits: list[int]):
-        """Greedy tokens [steps, len(entries)] (numpy) of `steps` one-row forwards chained on the
-        GPU (`GraphRunner.run_chain`), or None when CUDA graphs cannot run them (the caller then
-        steps one forward at a time)."""
+              limits: list[int], to_host: bool = True):
+        """Greedy tokens [steps, len(entries)] of `steps` one-row forwards chained on the GPU
+        (`GraphRunner.run_chain`; numpy, or with `to_host=False` a device view valid until the next
+        chain), or None when CUDA graphs cannot run them (the caller then steps one forward at a
+        time)."""
         if self.graphs is None:
             return None
-        return self.graphs.run_chain(entries, allocator, steps, limits)
+        return self.graphs.run_chain(entries, allocator, steps, limits, to_host)
 
     def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of one sequence."""
