@@ -33,6 +33,7 @@ from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
 from .spec.policy import build_selection, collect_rows
 from .trace.positions import encode_positions
+from .transfer import to_host_async
 
 
 @dataclass
@@ -59,6 +60,8 @@ class EngineOptions:
     cuda_graphs: str = "auto"              # "auto" (on a GPU's kernel path), "off" (eager) or "static"
     multi_step: int = 8                    # with CUDA graphs and no trace: plain greedy decode steps a
                                            # vanilla batch runs on the GPU per host round trip
+    run_ahead: bool = True                 # with CUDA graphs and no trace: launch the next iteration's
+                                           # greedy chain before returning (see EngineCore._run_ahead)
 
 
 class EngineCore:
@@ -78,6 +81,10 @@ class EngineCore:
         self.decode_steps = opts.multi_step if self.runner.graphs is not None and not opts.trace else 1
         self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens,
                                    self.decode_steps)
+        self.run_ahead = opts.run_ahead and self.runner.graphs is not None and not opts.trace
+        self._ahead: _Chain | None = None         # a chain launched at the end of the last iteration
+        self._chain_marks = None                  # timing marks of the chain the last take used
+        self.chains = dict(launched=0, ahead=0, ahead_used=0)   # counters (tests, benchmarks)
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         self._t0 = time.perf_counter()
@@ -206,6 +213,11 @@ class EngineCore:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def _wait(self, mark) -> None:
+        """Wait until the GPU has reached `mark` (a `_mark`), not for work queued after it."""
+        if self.device.type == "cuda":
+            mark.synchronize()
+
     def _mark(self):
         """A point in time for phase timings: a CUDA event on a GPU (no synchronisation in the
         middle of the iteration), the wall clock on the CPU."""
@@ -217,24 +229,28 @@ class EngineCore:
 
     def _ms(self, start, end) -> float:
         if self.device.type == "cuda":
-            return start.elapsed_time(end)   # valid once `end` has completed (we synchronise first)
+            return start.elapsed_time(end)   # valid once `end` has completed (`_wait` first)
         return (end - start) * 1e3
 
     def _decode(self, reqs: list[Request]) -> list[StepOutput]:
         wall_start = time.perf_counter()
+        self._chain_marks = None
         m_start = self._mark()
         drafts, qprobs, on_device = self._draft(reqs)
         m_draft = self._mark()
+        draft_span, self._chain_marks = self._chain_marks or (m_start, m_draft), None
         chained = None if drafts else self._decode_chained(reqs)
         bases = [req.num_cached for req in reqs]
         old_selections = [req.selection for req in reqs]
         selecting = []                      # (start, end) marks of the selection launches
         if chained is not None:
             (entries, results), m_verify = chained, self._mark()
+            verify_span = self._chain_marks or (m_draft, m_verify)
         else:
             entries, logits, collector = self._verify(reqs, drafts, on_device)
             targets = self._targets(reqs, logits, drafts, on_device)
             m_verify = self._mark()
+            verify_span = (m_draft, m_verify)
             # Selections that do not depend on what is accepted are launched before the host
             # waits for the targets, so the GPU selects while the host accepts.
             if self._select_all(reqs, entries, bases, None, collector):
@@ -249,9 +265,18 @@ class EngineCore:
             req.num_cached = base + len(res.tokens)
         outputs = [self._emit(req, res, base, old, drafts.get(req.request_id, []))
                    for req, res, base, old in zip(reqs, results, bases, old_selections)]
-        self._sync()
+        m_end = self._mark()
+        for out in outputs:
+            req = out.request
+            if req.iterations_left is not None:
+                req.iterations_left -= 1
+                req.held = req.iterations_left <= 0
+            if not out.finished:
+                self.allocator.truncate(req.request_id, req.num_cached)
+        self._run_ahead()
+        self._wait(m_end)     # this iteration's GPU work, not the chain launched ahead
         wall_end = time.perf_counter()
-        timings = dict(draft_ms=self._ms(m_start, m_draft), verify_ms=self._ms(m_draft, m_verify),
+        timings = dict(draft_ms=self._ms(*draft_span), verify_ms=self._ms(*verify_span),
                        select_ms=sum(self._ms(a, b) for a, b in selecting), start_s=wall_start - self._t0)
         totals = self.phase_totals
         totals["iterations"] += 1
@@ -259,16 +284,75 @@ class EngineCore:
         for key in ("draft_ms", "verify_ms", "select_ms"):
             totals[key] += timings[key]
         for out in outputs:
-            req = out.request
-            if req.iterations_left is not None:
-                req.iterations_left -= 1
-                req.held = req.iterations_left <= 0
-            req.decode_time_s += wall_end - wall_start
+            out.request.decode_time_s += wall_end - wall_start
             if out.iteration is not None:
                 out.iteration.update(timings)
-            if not out.finished:
-                self.allocator.truncate(req.request_id, req.num_cached)
         return outputs
+
+    # -- chains: greedy one-row steps on the GPU, maybe launched an iteration ahead ---------------
+    def _run_ahead(self) -> None:
+        """Launch the next iteration's chain (the drafts of a greedy speculative batch, or a
+        greedy vanilla batch's plain steps) now, when the next batch is already certain, so the
+        GPU works while the host returns this iteration's outputs and schedules the next. The
+        next batch is certain when nothing waits or needs a prefill and the pool holds every
+        request's next slots (reserved here as the scheduler would); the chain is used only if
+        the next decode has exactly this batch in this state (`_take_chain`), and a stale one
+        is harmless: its K/V writes land in its requests' own reserved slots, before (in stream
+        order) anything that reuses them."""
+        if not self.run_ahead or self.scheduler.waiting:
+            return
+        running = self.scheduler.running
+        if any(r.needs_prefill for r in running):
+            return
+        batch = [r for r in sorted(running, key=lambda r: r.arrival)
+                 if not r.held and r.status is Status.RUNNING]
+        if not batch or not all(r.sampling.is_greedy for r in batch):
+            return
+        if all(r.spec.speculative and r.selection is not None for r in batch):
+            kind = "draft"
+        elif self.decode_steps > 1 and not any(r.spec.speculative for r in batch):
+            kind = "decode"
+        else:
+            return
+        alloc = self.allocator
+        needs = [(r.request_id, r.num_cached + lookahead(r, self.decode_steps)) for r in batch]
+        extra = sum(max(0, alloc.blocks_needed(n) - len(alloc.block_table(rid))) for rid, n in needs)
+        if extra > alloc.num_free:
+            return
+        for rid, n in needs:
+            alloc.ensure(rid, n)
+        self._ahead = self._launch_chain(kind, batch)
+        if self._ahead is not None:
+            self.chains["ahead"] += 1
+
+    def _take_chain(self, kind: str, reqs: list[Request]) -> "_Chain | None":
+        """This iteration's chain: the one launched ahead if it was for exactly this batch in
+        this state, else one launched now (None when no graph takes it)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.kind == kind and ahead.state == _chain_state(reqs):
+            self.chains["ahead_used"] += 1
+            chain = ahead
+        else:
+            chain = self._launch_chain(kind, reqs)
+        if chain is not None:
+            self._chain_marks = chain.marks
+        return chain
+
+    def _launch_chain(self, kind: str, reqs: list[Request]) -> "_Chain | None":
+        if kind == "draft":
+            limits = [r.spec.gamma for r in reqs]
+            entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, sparse=r.selection,
+                                  logits="last") for r in reqs]
+        else:
+            limits = [lookahead(r, self.decode_steps) for r in reqs]
+            entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
+        start = self._mark()
+        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False)
+        if tokens is None:
+            return None
+        self.chains["launched"] += 1
+        return _Chain(kind, _chain_state(reqs), limits, tokens, (start, self._mark()),
+                      [r.selection for r in reqs])
 
     def _targets(self, reqs, logits, drafts, on_device):
         """At temperature 0 for the whole batch: every row's argmax, with the drafts still on the
@@ -280,7 +364,7 @@ class EngineCore:
         flat = logits.argmax(dim=-1)
         if on_device is not None:
             flat = torch.cat([flat, on_device[0].t().reshape(-1)])     # [n, steps] after the targets
-        host, done = _to_host_async(flat)
+        host, done = to_host_async(flat)
         n_rows = logits.shape[0]
 
         def read():
@@ -322,13 +406,13 @@ class EngineCore:
         Returns (entries, results) or None (then one step runs the usual way)."""
         if self.decode_steps <= 1 or any(r.spec.speculative or not r.sampling.is_greedy for r in reqs):
             return None
-        limits = [lookahead(r, self.decode_steps) for r in reqs]
-        entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
-        toks = self.runner.chain(entries, self.allocator, max(limits), limits)
-        if toks is None:
+        chain = self._take_chain("decode", reqs)
+        if chain is None:
             return None
+        toks = chain.tokens.cpu().numpy()
+        entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
         results = [RejectionResult(num_accepted=0, tokens=toks[:n, i].tolist(), bonus=False, draft_probs=[],
-                                   target_probs=[]) for i, n in enumerate(limits)]
+                                   target_probs=[]) for i, n in enumerate(chain.limits)]
         return entries, results
 
     def _draft(self, reqs):
@@ -341,14 +425,11 @@ class EngineCore:
         if drafting and all(r.sampling.is_greedy for r in drafting):
             # Greedy drafts chained on the GPU: every draft step with no host round trip, and the
             # verification reads them there.
-            gammas = [r.spec.gamma for r in drafting]
-            entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, sparse=r.selection,
-                                  logits="last") for r in drafting]
-            toks = self.runner.chain(entries, self.allocator, max(gammas), gammas, to_host=False)
-            if toks is not None:
-                for r, g in zip(drafting, gammas):
+            chain = self._take_chain("draft", drafting)
+            if chain is not None:
+                for r, g in zip(drafting, chain.limits):
                     drafts[r.request_id] = [0] * g
-                return drafts, qprobs, (toks, {r.request_id: i for i, r in enumerate(drafting)})
+                return drafts, qprobs, (chain.tokens, {r.request_id: i for i, r in enumerate(drafting)})
         for j in range(max((r.spec.gamma for r in drafting), default=0)):
             active = [r for r in drafting if r.spec.gamma > j]
             entries = [BatchEntry(r.request_id, [drafts[r.request_id][-1] if j else r.token_ids[-1]],
@@ -478,6 +559,21 @@ class EngineCore:
                 progress()
 
 
+@dataclass
+class _Chain:
+    """Greedy one-row steps chained on the GPU for a batch (`ModelRunner.chain`)."""
+    kind: str                      # "draft": a speculative batch's drafts; "decode": vanilla steps
+    state: tuple                   # what the launch read of each request (`_chain_state`)
+    limits: list[int]              # steps per request
+    tokens: torch.Tensor           # [max(limits), batch] on the device
+    marks: tuple                   # timing marks around the launch
+    selections: list               # held, so the state's selection ids stay unique
+
+
+def _chain_state(reqs: list[Request]) -> tuple:
+    return tuple((r.request_id, r.num_cached, len(r.token_ids), id(r.selection)) for r in reqs)
+
+
 ACTIVATION_RESERVE = 2 << 30   # GPU memory left for activations, logits and collected verification logits
 
 
@@ -511,19 +607,6 @@ def _draft_confidence(logits: torch.Tensor, drafts: list[int]) -> list[float]:
     k = len(drafts)
     soft = torch.softmax(logits[:k], dim=-1)
     return soft[torch.arange(k, device=soft.device), torch.tensor(drafts, device=soft.device)].tolist()
-
-
-def _to_host_async(t: torch.Tensor):
-    """A host copy of `t` and an event that completes with it (None on a CPU, where the copy
-    is done on return). On a GPU the copy goes to pinned memory without blocking the host, so
-    the host can launch more work before it waits for the copy alone."""
-    if t.device.type != "cuda":
-        return t, None
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return host, done
 
 
 def _prob(x: float) -> float:

@@ -4,11 +4,13 @@
 #   tests    the fused kernels and the CUDA-graph path compiled (real capture) against references
 #   smoke    e2e long-input, vanilla and vegas only, greedy, 96 tokens: do graphs run, how fast
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
+#   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table)
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method (128 tokens), which e2e uses
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
-#   profile  torch.profiler over three vegas and three vanilla iterations (GPU kernels vs host)
+#   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
+#            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
 # options to the e2e stage (e.g. --tuned bench/results/tune-....json).
 set -uo pipefail
@@ -34,13 +36,16 @@ for stage in "$@"; do
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
+    sparse) mkdir -p "$OUT/results/sparse"; TAIL=12 step sparse 200 python3 -m vegas_core.bench kernels \
+              --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune --out "$OUT/results/sparse" ;;
     e2e) TAIL=22 step e2e 280 "${E2E[@]}" ${E2E_ARGS:-} ;;
     tune) TAIL=16 step tune 300 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
             --workload long-input --batch 64 --gen-tokens 128 --sparsities 0.02 0.04 0.07 0.1 0.15 \
             --gammas 3 4 6 8 10 --large-gamma 10 --out "$OUT/results" ;;
-    profile) for m in vegas vanilla; do
-               timeout 150 python3 scripts/device/profile_step.py $m 64 6000 > "$OUT/profile-$m.txt" 2>&1
-               echo "rc=$? profile $m" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$m.txt" | head -45
+    profile) for run in "vegas g10 --gamma 10" "vanilla ms8" "vanilla ms16 --multi-step 16"; do
+               set -- $run; m=$1 name=$1-$2; shift 2
+               timeout 150 python3 scripts/device/profile_step.py $m 64 6000 "$@" > "$OUT/profile-$name.txt" 2>&1
+               echo "rc=$? profile $run" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$name.txt" | tail -14
              done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -95,3 +95,42 @@ def test_mixed_batch_runs_one_verification_graph(tiny):
     keys = core.runner.graphs.graphs
     assert any(k.kind == "dense" and k.rows == 4 and k.batch == 4 for k in keys)
     assert any(k.kind == "fixed" and not k.chain for k in keys)     # a sampled draft: step by step
+
+
+def test_run_ahead_chains_give_the_same_tokens(tiny):
+    """The next iteration's chain is launched before the step returns (run-ahead): used when the
+    next batch is the same (also across another request's prefill step), discarded when it
+    changed (a request paused, then resumed); ragged gammas and lengths, requests finishing at
+    different steps. Tokens equal the reference path's; every page comes back."""
+    cases = [
+        (SpecParams(method="vegas", gamma=2, sparsity=0.3, min_budget=4), 9),
+        (SpecParams(method="vegas", gamma=4, sparsity=0.3, min_budget=4), 14),
+        (SpecParams(method="vanilla"), 20),
+        (SpecParams(method="vanilla"), 30),
+    ]
+    late = _prompts()[1][:40]
+
+    def run(core, specs):
+        reqs = [core.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True), sp)
+                for p, (sp, n) in zip(_prompts(), specs)]
+        paused, state = reqs[0], 0
+        while core.has_work:
+            core.step()
+            if state == 0 and paused.num_generated >= 2:
+                core.pause(paused.request_id)    # the chain launched ahead included it: stale
+            elif state == 1:                     # arrives, prefills in the next step, then joins
+                reqs.append(core.add_request(late, SamplingParams(max_tokens=5, ignore_eos=True), specs[0][0]))
+            elif state == 2:
+                core.resume(paused.request_id)
+            else:
+                continue
+            state += 1
+        return [r.output_ids for r in reqs]
+
+    for specs in (cases[:2], cases[2:]):
+        ref, core = _core(tiny, "off", "reference"), _core(tiny, GRAPHS)
+        assert run(core, specs) == run(ref, specs)
+        assert core.run_ahead and not ref.run_ahead
+        used, launched = core.chains["ahead_used"], core.chains["ahead"]
+        assert 0 < used < launched, core.chains          # some used, some discarded
+        assert core.allocator.num_free == core.allocator.num_blocks

@@ -32,6 +32,7 @@ from kernels.verify_attention import (MAX_Q_ROWS, c2q_tile_pays, collected_row_s
 from ..kv_cache import KVPool
 from ..spec.select import stream_indices
 from ..spec.views import StreamSelection
+from ..transfer import to_device
 from .metadata import AttentionMetadata
 from .reference import ReferenceBackend
 
@@ -249,9 +250,9 @@ def stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor
         cols = [s[1] for s in src]
         if cols == list(range(stacked.shape[1])):
             return stacked
-        return stacked.index_select(1, torch.tensor(cols, device=stacked.device))
+        return stacked.index_select(1, to_device(cols, torch.int64, stacked.device))
     if all(isinstance(v, StreamSelection) for v in views):
-        cols = torch.tensor([[v.base, v.budget, v.sink] for v in views], device=device).T
+        cols = to_device([[v.base, v.budget, v.sink] for v in views], torch.int64, device).T
         pos = stream_indices(cols[0], cols[1], cols[2], max(max(v.budget for v in views), 1))
         return pos[None, :, None, :].expand(num_layers, -1, -1, -1)
     stacks = [v.stacked(device) for v in views]

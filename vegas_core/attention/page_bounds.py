@@ -11,6 +11,7 @@ import torch
 from kernels.select import update_page_bounds
 
 from ..kv_cache import KVPool
+from ..transfer import to_device
 
 
 class PageBounds:
@@ -37,5 +38,5 @@ class PageBounds:
             return
         if self.kmin is None:
             self._allocate()
-        idx = torch.tensor(blocks, dtype=torch.long, device=self.pool.kv.device)
+        idx = to_device(blocks, torch.long, self.pool.kv.device)
         update_page_bounds(self.pool.kv[0], self.kmin, self.kmax, idx)   # every layer at once

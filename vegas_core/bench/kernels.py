@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and use the fastest (default: on)")
     p.add_argument("--collect-tune", action=argparse.BooleanOptionalAction, default=False,
                    help="sweep the launch configuration of each collection path at the sweep shape")
+    p.add_argument("--sparse-tune", action=argparse.BooleanOptionalAction, default=False,
+                   help="sweep sparse_attention's tile and split count at the sweep shape")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -177,7 +179,8 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
     return records
 
 
-def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps):
+def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
+                  block_n: int = 32, num_splits: int | None = None):
     from kernels.sparse_attention import sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
@@ -188,7 +191,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     counts = torch.full((batch,), budget, dtype=torch.int32, device=device)
     tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
-    us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5))
+    us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
+                                         block_n=block_n, num_splits=num_splits))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -196,7 +200,25 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     return dict(kernel="sparse_attention", shape=shape, batch=batch, context=context, q_rows=1,
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
-                gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps)
+                gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
+                block_n=block_n, num_splits=num_splits)
+
+
+def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
+    """sparse_attention's tile (entries per step) and split count at one shape (records with
+    `sweep: sparse_tune`; `num_splits` None is the automatic choice the engine uses)."""
+    out = []
+    for block_n in (16, 32, 64):
+        for splits in (None, 1, 2, 4, 8):
+            rec = sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
+                                block_n=block_n, num_splits=splits)
+            rec["sweep"] = "sparse_tune"
+            out.append(rec)
+    best = min(out, key=lambda r: r["us"])
+    auto = next(r for r in out if r["block_n"] == 32 and r["num_splits"] is None)
+    print(f"sparse_tune {shape}: best block_n {best['block_n']} splits {best['num_splits']} "
+          f"{best['us']:.1f} us ({best['copy_fraction']:.0%} of copy); engine default {auto['us']:.1f} us")
+    return out
 
 
 def selection_record(shape, batch, context, q_rows, device, copy_tbps):
@@ -349,6 +371,10 @@ def run(args, argv: list[str]) -> str:
                 if ok:
                     best = min(ok, key=lambda t: t["us"])
                     print(f"collect_tune {shape} {collect}: best {best['config']} {best['us']:.1f} us")
+    if args.sparse_tune:
+        for shape in args.shapes:
+            records += tune_sparse(shape, sweep_b, sweep_ctx, args.sparsity, args.q_rows, args.block_size,
+                                   device, copy_tbps)
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
     for shape, batch, context in grid:

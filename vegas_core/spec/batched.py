@@ -15,6 +15,7 @@ import torch
 from kernels.select import select_layers
 
 from ..attention.metadata import LogitCollector
+from ..transfer import to_device
 from .params import VERIFICATION_GUIDED
 from .policy import build_selection
 from .views import BlockQuestSelection, FixedSelection
@@ -62,8 +63,8 @@ def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector
         counts.append(len(rows))
         bases.append(it.base)
         budgets.append(it.request.spec.budget(it.base))
-    as_dev = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
-    row_start, row_count, base_t, budget_t = map(as_dev, (starts, counts, bases, budgets))
+    # One upload that does not wait for the GPU (the verification may still be running).
+    row_start, row_count, base_t, budget_t = to_device([starts, counts, bases, budgets], torch.int32, device)
     stacked = select_layers(collector.stacked(), row_start, row_count, base_t, budget_t, max(budgets),
                             kv_heads, granularity, n_keys=max(bases))                # [L, B, G, K]
     sel = {}
