@@ -134,3 +134,15 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
         used, launched = core.chains["ahead_used"], core.chains["ahead"]
         assert 0 < used < launched, core.chains          # some used, some discarded
         assert core.allocator.num_free == core.allocator.num_blocks
+
+
+def test_a_forward_no_graph_takes_reads_chained_drafts_back(tiny):
+    """Entries naming a chain column (drafts still on the device) get their tokens from the
+    chain's history when the forward has to run without a graph."""
+    from vegas_core.model_runner import BatchEntry
+    graphs = _core(tiny, GRAPHS).runner.graphs
+    graphs._hist[:3, 1] = torch.tensor([5, 6, 7])
+    entries = [BatchEntry(0, [4], 10), BatchEntry(1, [9, 0, 0, 0], 20, device_drafts=1)]
+    out = graphs.with_host_drafts(entries)
+    assert out[0] is entries[0]
+    assert out[1].tokens == [9, 5, 6, 7] and out[1].device_drafts is None and out[1].start == 20
