@@ -94,8 +94,8 @@ class EngineCore:
 
     def reset_phase_totals(self) -> None:
         """Running sums over decode iterations (benchmarks read them): draft, verify and select
-        milliseconds (CUDA events on a GPU), the iterations' wall milliseconds and their count."""
-        self.phase_totals = dict(iterations=0, draft_ms=0.0, verify_ms=0.0, select_ms=0.0, wall_ms=0.0)
+        milliseconds (CUDA events on a GPU) and the number of iterations."""
+        self.phase_totals = dict(iterations=0, draft_ms=0.0, verify_ms=0.0, select_ms=0.0)
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams | None = None,
@@ -246,7 +246,7 @@ class EngineCore:
         old_selections = [req.selection for req in reqs]
         selecting = []                      # (start, end) marks of the selection launches
         if chained is not None:
-            (entries, results), m_verify = chained, self._mark()
+            results, m_verify = chained, self._mark()
             verify_span = self._chain_marks or (m_draft, m_verify)
         else:
             entries, logits, collector = self._verify(reqs, drafts, on_device)
@@ -282,7 +282,6 @@ class EngineCore:
                        select_ms=sum(self._ms(a, b) for a, b in selecting), start_s=wall_start - self._t0)
         totals = self.phase_totals
         totals["iterations"] += 1
-        totals["wall_ms"] += (wall_end - wall_start) * 1e3
         for key in ("draft_ms", "verify_ms", "select_ms"):
             totals[key] += timings[key]
         for out in outputs:
@@ -297,17 +296,11 @@ class EngineCore:
         greedy vanilla batch's plain steps) now, when the next batch is already certain, so the
         GPU works while the host returns this iteration's outputs and schedules the next. The
         next batch is certain when nothing waits or needs a prefill and the pool holds every
-        request's next slots (reserved here as the scheduler would); the chain is used only if
+        request's next slots (`Scheduler.certain_decode_batch`, `reserve`); the chain is used only if
         the next decode has exactly this batch in this state (`_take_chain`), and a stale one
         is harmless: its K/V writes land in its requests' own reserved slots, before (in stream
         order) anything that reuses them."""
-        if not self.run_ahead or self.scheduler.waiting:
-            return
-        running = self.scheduler.running
-        if any(r.needs_prefill for r in running):
-            return
-        batch = [r for r in sorted(running, key=lambda r: r.arrival)
-                 if not r.held and r.status is Status.RUNNING]
+        batch = self.scheduler.certain_decode_batch() if self.run_ahead else None
         if not batch or not all(r.sampling.is_greedy for r in batch):
             return
         if all(r.spec.speculative and r.selection is not None for r in batch):
@@ -316,13 +309,8 @@ class EngineCore:
             kind = "decode"
         else:
             return
-        alloc = self.allocator
-        needs = [(r.request_id, r.num_cached + lookahead(r, self.decode_steps)) for r in batch]
-        extra = sum(max(0, alloc.blocks_needed(n) - len(alloc.block_table(rid))) for rid, n in needs)
-        if extra > alloc.num_free:
+        if not self.scheduler.reserve(batch):
             return
-        for rid, n in needs:
-            alloc.ensure(rid, n)
         self._ahead = self._launch_chain(kind, batch)
         if self._ahead is not None:
             self.chains["ahead"] += 1
@@ -405,17 +393,15 @@ class EngineCore:
     def _decode_chained(self, reqs):
         """A greedy vanilla batch on CUDA graphs: up to `multi_step` plain decode steps chained on
         the GPU, one host round trip for all of them (the same tokens as one step at a time).
-        Returns (entries, results) or None (then one step runs the usual way)."""
+        Returns the results or None (then one step runs the usual way)."""
         if self.decode_steps <= 1 or any(r.spec.speculative or not r.sampling.is_greedy for r in reqs):
             return None
         chain = self._take_chain("decode", reqs)
         if chain is None:
             return None
         toks = chain.tokens.cpu().numpy()
-        entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
-        results = [RejectionResult(num_accepted=0, tokens=toks[:n, i].tolist(), bonus=False, draft_probs=[],
-                                   target_probs=[]) for i, n in enumerate(chain.limits)]
-        return entries, results
+        return [RejectionResult(num_accepted=0, tokens=toks[:n, i].tolist(), bonus=False, draft_probs=[],
+                                target_probs=[]) for i, n in enumerate(chain.limits)]
 
     def _draft(self, reqs):
         """Drafts (lists by request id), draft distributions of sampled drafts, and for greedy

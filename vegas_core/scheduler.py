@@ -89,12 +89,36 @@ class Scheduler:
                 budget = self._add_chunk(plan, req, budget)
         if plan.prefill:
             return plan
-        for req in sorted(self.running, key=lambda r: r.arrival):
-            if req.held:
-                continue
-            if req.status is Status.RUNNING and not req.needs_prefill and self._make_room(plan, req):
+        for req in self._decode_candidates():
+            # (re-checked: making room for an older request may have preempted this one)
+            if req.status is Status.RUNNING and self._make_room(plan, req):
                 plan.decode.append(req)
         return plan
+
+    def _decode_candidates(self) -> list[Request]:
+        """The running requests a decode iteration takes, oldest first (held ones sit out)."""
+        return [r for r in sorted(self.running, key=lambda r: r.arrival)
+                if not r.held and r.status is Status.RUNNING and not r.needs_prefill]
+
+    def certain_decode_batch(self) -> list[Request] | None:
+        """The next step's decode batch when it is already certain: nothing waits and nothing
+        needs a prefill, so the next step decodes these requests (if `reserve` finds them room).
+        None otherwise."""
+        if self.waiting or any(r.needs_prefill for r in self.running):
+            return None
+        return self._decode_candidates() or None
+
+    def reserve(self, batch: list[Request]) -> bool:
+        """Reserve every request's slots for its next decode iteration, as `schedule` would, or
+        none of them (no preemption) when the pool cannot hold them all."""
+        needs = [(r.request_id, r.num_cached + lookahead(r, self.decode_steps)) for r in batch]
+        alloc = self.allocator
+        extra = sum(max(0, alloc.blocks_needed(n) - len(alloc.block_table(rid))) for rid, n in needs)
+        if extra > alloc.num_free:
+            return False
+        for rid, n in needs:
+            alloc.ensure(rid, n)
+        return True
 
     def _add_chunk(self, plan: Plan, req: Request, budget: int) -> int:
         n = min(budget, req.prefill_target - req.num_cached)

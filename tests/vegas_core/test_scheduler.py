@@ -34,3 +34,27 @@ def test_scheduler_reserves_the_chained_steps():
     req.num_cached = req.prefill_target
     plan = sched.schedule()
     assert plan.decode == [req] and alloc.capacity(req.request_id) >= req.num_cached + 8
+
+
+def test_the_next_decode_batch_is_certain_only_when_nothing_else_can_run():
+    """Run-ahead asks the scheduler for the next decode batch: known only when nothing waits or
+    needs a prefill; `reserve` gives every request its next iteration's slots, or none of them."""
+    alloc = BlockAllocator(8, 4)
+    sched = Scheduler(alloc, max_num_seqs=4, max_prefill_tokens=64, decode_steps=8)
+    old, new = _req(SpecParams(method="vanilla")), _req(SpecParams(method="vanilla"))
+    sched.add(old)
+    sched.schedule()
+    assert sched.certain_decode_batch() is None                 # still needs its prefill
+    old.num_cached = old.prefill_target
+    sched.add(new)
+    assert sched.certain_decode_batch() is None                 # a request waits
+    plan = sched.schedule()
+    new.num_cached = new.prefill_target
+    assert sched.certain_decode_batch() == [old, new]           # oldest first
+    new.held = True
+    assert sched.certain_decode_batch() == [old]
+    new.held = False
+    free = alloc.num_free
+    assert not sched.reserve([old, new]) and alloc.num_free == free   # 2 x 17 slots > 8 pages: none
+    assert sched.reserve([old]) and alloc.capacity(old.request_id) >= old.num_cached + 8
+    assert sched.schedule().decode[0] is old and plan.prefill

@@ -123,7 +123,7 @@ class RunStats:
     outputs: list[list[int]]
 
 
-PHASES = ("draft_ms", "verify_ms", "select_ms", "wall_ms")
+PHASES = ("draft_ms", "verify_ms", "select_ms")
 
 
 def prefill_parents(engine, workload: Workload) -> list:
