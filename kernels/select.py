@@ -30,6 +30,10 @@ Vegas / SpecExtend (softmax re-materialisation from collected verification logit
   ``Kmax = max(budgets)`` (0 allowed): the first ``counts[b] = budgets[b]`` entries of each
   ``[b, g]`` row are that row's top-``budgets[b]`` positions sorted ascending, the rest are 0
   (padding). One ``torch.topk`` for the whole batch.
+- ``radix_topk(keys, budgets, k_max)``: the same choice for every layer of a model step in one
+  Triton launch (the engine's, through ``select_layers``), over the int32 order-preserving score
+  bits ``selection_scores(..., packed="bits")`` writes: a radix select of the threshold, ties to
+  the lower position, the chosen positions emitted in order (no sort).
 
 Quest (page size == the pool's block size, so a Quest page IS a KV-pool block and its bounds live
 beside the pool, ``[num_blocks, KVH, d]`` per layer, indexed by physical block):
@@ -153,8 +157,9 @@ if triton is not None:
             INTERPRET: tl.constexpr):
         """One program = one (layer, request) x one group x BLOCK_N positions; loops over the
         request's rows and, within a row, the group's heads, each a contiguous BLOCK_N load.
-        Every layer of a model step in one launch. PACK: write int64 top-k keys (see
-        `selection_keys`) instead of the float scores."""
+        Every layer of a model step in one launch. PACK 0 writes the float scores; 1 int64
+        top-k keys (order-preserving score bits, then the reversed position: distinct keys for
+        torch.topk); 2 only the order-preserving int32 score bits, for `_radix_topk_kernel`."""
         layer = tl.program_id(0) // batch
         req = tl.program_id(0) % batch
         grp = tl.program_id(1)
@@ -190,12 +195,14 @@ if triton is not None:
         score = tl.where(n_valid & (s > 0), score, float("-inf"))
         dst = (out_ptr + layer.to(tl.int64) * s_ol + req.to(tl.int64) * s_ob + grp * s_og
                + offs_n.to(tl.int64) * s_on)
-        if PACK:
-            # The float's bits made order-preserving as a signed int, then the position (reversed:
-            # ties go to the lower one) in the low half: every key is distinct.
+        if PACK != 0:
+            # The float's bits made order-preserving as a signed int; for PACK 1 the position
+            # (reversed: ties go to the lower one) in the low half: every key is distinct.
             bits = score.to(tl.int32, bitcast=True)
-            key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-            tl.store(dst, (key << 32) | (0x7FFFFFFF - offs_n).to(tl.int64), mask=offs_n < n_keys)
+            key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
+            if PACK == 1:
+                key = (key.to(tl.int64) << 32) | (0x7FFFFFFF - offs_n).to(tl.int64)
+            tl.store(dst, key, mask=offs_n < n_keys)
         else:
             tl.store(dst, score, mask=offs_n < n_keys)
 
@@ -239,18 +246,115 @@ if triton is not None:
                  mask=offs_p < p_max)
 
 
+if triton is not None:
+
+    @triton.jit
+    def _chunk(key_ptr, c0, offs, n):
+        """Keys [c0, c0 + BLOCK) as unsigned values in int64 (order kept), and their validity."""
+        pos = c0 + offs
+        valid = pos < n
+        key = tl.load(key_ptr + pos, mask=valid, other=0)
+        return key.to(tl.int64) + 2147483648, valid, pos
+
+    @triton.jit
+    def _digit_counts(key_ptr, n, prefix, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+                      INTERPRET: tl.constexpr):
+        """Histogram of digit (u >> SHIFT) & 255 over the keys whose bits above the digit equal
+        prefix's."""
+        offs = tl.arange(0, BLOCK)
+        hist = tl.zeros([256], dtype=tl.int32)
+        if INTERPRET:   # while loops: see verify_attention on range() bounds in the interpreter
+            c0 = 0
+            while c0 < n:
+                u, valid, _ = _chunk(key_ptr, c0, offs, n)
+                cand = valid & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+                hist += tl.histogram(((u >> SHIFT) & 255).to(tl.int32), 256, mask=cand)
+                c0 += BLOCK
+        else:
+            for c0 in range(0, n, BLOCK):
+                u, valid, _ = _chunk(key_ptr, c0, offs, n)
+                cand = valid & ((u >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+                hist += tl.histogram(((u >> SHIFT) & 255).to(tl.int32), 256, mask=cand)
+        return hist
+
+    @triton.jit
+    def _radix_step(key_ptr, n, prefix, remaining, SHIFT: tl.constexpr, BLOCK: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+        """One 8-bit digit of the remaining-th largest key among those matching prefix: the
+        largest digit whose count at or above it still reaches `remaining`."""
+        hist = _digit_counts(key_ptr, n, prefix, SHIFT, BLOCK, INTERPRET)
+        bins = tl.arange(0, 256)
+        at_or_above = tl.sum(hist) - tl.cumsum(hist, 0) + hist
+        digit = tl.max(tl.where(at_or_above >= remaining, bins, 0), axis=0)
+        above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+        return prefix | (digit.to(tl.int64) << SHIFT), remaining - above
+
+    @triton.jit
+    def _emit(key_ptr, dst_ptr, s_ok, c0, offs, n, thresh, remaining, taken, ties):
+        """Positions of chunk c0 in the top set, stored in position order after `taken`: keys
+        above the threshold, and keys equal to it while fewer than `remaining` came before."""
+        u, valid, pos = _chunk(key_ptr, c0, offs, n)
+        eq = (valid & (u == thresh)).to(tl.int32)
+        tie_rank = ties + tl.cumsum(eq, 0) - eq
+        take = ((valid & (u > thresh)) | ((eq != 0) & (tie_rank < remaining))).to(tl.int32)
+        slot = taken + tl.cumsum(take, 0) - take
+        tl.store(dst_ptr + slot.to(tl.int64) * s_ok, pos, mask=take != 0)
+        return taken + tl.sum(take, axis=0), ties + tl.sum(eq, axis=0)
+
+    @triton.jit(do_not_specialize=["n", "k_max", "batch"])
+    def _radix_topk_kernel(key_ptr, budget_ptr, out_ptr, batch, n, k_max,
+                           s_kr, s_kg, s_or, s_og, s_ok,
+                           BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+        """One program = one (row, group): the top budget positions of its n keys (int32,
+        order-preserving; ties to the lower position), written ascending, then 0 up to k_max.
+        A radix select, 8 bits a pass over the keys (the threshold key and how many of its
+        ties to take), then one pass that emits the chosen positions in order."""
+        row = tl.program_id(0)
+        grp = tl.program_id(1)
+        k = tl.load(budget_ptr + row % batch).to(tl.int32)
+        key_ptr += row.to(tl.int64) * s_kr + grp.to(tl.int64) * s_kg
+        dst_ptr = out_ptr + row.to(tl.int64) * s_or + grp.to(tl.int64) * s_og
+        prefix = tl.zeros([], dtype=tl.int64)
+        remaining = k
+        prefix, remaining = _radix_step(key_ptr, n, prefix, remaining, 24, BLOCK, INTERPRET)
+        prefix, remaining = _radix_step(key_ptr, n, prefix, remaining, 16, BLOCK, INTERPRET)
+        prefix, remaining = _radix_step(key_ptr, n, prefix, remaining, 8, BLOCK, INTERPRET)
+        prefix, remaining = _radix_step(key_ptr, n, prefix, remaining, 0, BLOCK, INTERPRET)
+        offs = tl.arange(0, BLOCK)
+        taken = tl.zeros([], dtype=tl.int32)
+        ties = tl.zeros([], dtype=tl.int32)
+        if INTERPRET:
+            c0 = 0
+            while c0 < n:
+                taken, ties = _emit(key_ptr, dst_ptr, s_ok, c0, offs, n, prefix, remaining,
+                                    taken, ties)
+                c0 += BLOCK
+            c0 = k
+            while c0 < k_max:
+                tl.store(dst_ptr + (c0 + offs) * s_ok, 0, mask=c0 + offs < k_max)
+                c0 += BLOCK
+        else:
+            for c0 in range(0, n, BLOCK):
+                taken, ties = _emit(key_ptr, dst_ptr, s_ok, c0, offs, n, prefix, remaining,
+                                    taken, ties)
+            for c0 in range(k, k_max, BLOCK):
+                tl.store(dst_ptr + (c0 + offs) * s_ok, 0, mask=c0 + offs < k_max)
+
+
 def _interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
-                     block_n: int = 1024, packed: bool = False):
+                     block_n: int = 1024, packed: bool | str = False):
     """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
     ``block_n``-position tiles), each program walking rows x heads with one contiguous load each.
     (Loading a [heads, 64 or 256] tile per row and reducing over its heads ran at 0.2-0.4 TB/s on
-    the H200: bench/results/logs/profile-2026-12-01-h200-vegas.txt, kernels-2026-12-01-h200-run1.json.)"""
+    the H200: bench/results/logs/profile-2026-12-01-h200-vegas.txt, kernels-2026-12-01-h200-run1.json.)
+    ``packed``: False returns the float scores; True int64 (score bits, reversed position) keys;
+    ``"bits"`` the int32 order-preserving score bits (larger score, larger int)."""
     if triton is None:
         raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
     single = logits.dim() == 3
@@ -259,13 +363,14 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
     layers, rows, heads, n = logits.shape
     groups, per_group = _groups(granularity, heads, kv_heads)
     batch = row_start.shape[0]
-    out = torch.empty(layers, batch, groups, n, dtype=torch.int64 if packed else torch.float32,
+    pack = 2 if packed == "bits" else int(bool(packed))
+    out = torch.empty(layers, batch, groups, n, dtype=(torch.float32, torch.int64, torch.int32)[pack],
                       device=logits.device)
     if batch and n and layers:
         _selection_scores_kernel[(layers * batch, groups, triton.cdiv(n, block_n))](
             logits, lse, out, row_start, row_count, bases, batch,
             *logits.stride(), *lse.stride(), *out.stride(), n,
-            PER_GROUP=per_group, BLOCK_N=block_n, PACK=packed, INTERPRET=_interpreting())
+            PER_GROUP=per_group, BLOCK_N=block_n, PACK=pack, INTERPRET=_interpreting())
     return out[0] if single else out
 
 
@@ -501,12 +606,37 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    # Top-k over int64 (score, position) keys: a greedy 135M model loops, its repeated keys give
-    # exactly equal scores, and ties sent torch.topk's radix select into a path 10x slower
-    # (20 ms a step for SpecExtend, bench/results/e2e-2026-12-01-h200-run2.json). Distinct keys,
-    # the same top sets (ties to the lower position).
-    scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity, packed=True)
+    # Top-k by a radix select over int32 score bits, ties to the lower position: a greedy 135M
+    # model loops, its repeated keys give exactly equal scores, and ties sent torch.topk's radix
+    # select into a path 10x slower (20 ms a step for SpecExtend,
+    # bench/results/e2e-2026-12-01-h200-run2.json). torch.topk over int64 (score, position) keys
+    # fixed that, and then cost more than the scoring: its 64-bit radix passes, the sort of the
+    # chosen positions, the padding (`_radix_topk_kernel` does all three in one launch).
+    scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity,
+                              packed="bits")
     layers, batch, groups, n = scores.shape                                     # [L, B, G, N]
-    budgets = _as_int_tensor(budgets, scores.device)
-    pos = _topk_sorted(scores.view(layers * batch, groups, n), budgets.repeat(layers), k_max)
+    pos = radix_topk(scores.view(layers * batch, groups, n), budgets, k_max)
     return pos.view(layers, batch, groups, k_max)
+
+
+def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024) -> torch.Tensor:
+    """Triton: per ``[r, g]`` row of int32 order-preserving score bits ``keys [R, G, N]``
+    (`selection_scores(..., packed="bits")`), the top ``budgets[r % B]`` positions (``budgets``
+    int ``[B]``, ``R`` a multiple of ``B``: rows are layer-major), larger keys first and ties to
+    the lower position, written ascending and padded with 0 to ``k_max >= max(budgets)``: int32
+    ``[R, G, k_max]``. The same as `topk_positions` over the keys with the position packed in
+    (tests/kernels/test_select.py)."""
+    if triton is None:
+        raise RuntimeError("radix_topk needs Triton")
+    rows, groups, n = keys.shape
+    if keys.dtype != torch.int32 or keys.stride(2) != 1:
+        raise ValueError("keys must be int32 with contiguous positions")
+    if k_max > n:
+        raise ValueError(f"a budget of {k_max} exceeds the {n} scored positions")
+    budgets = _as_int_tensor(budgets, keys.device)
+    pos = torch.empty(rows, groups, k_max, dtype=torch.int32, device=keys.device)
+    if k_max and rows:
+        _radix_topk_kernel[(rows, groups)](
+            keys, budgets, pos, budgets.shape[0], n, k_max, keys.stride(0), keys.stride(1),
+            *pos.stride(), BLOCK=block, INTERPRET=_interpreting())
+    return pos

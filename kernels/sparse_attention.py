@@ -44,9 +44,13 @@ from __future__ import annotations
 
 import torch
 
+from .split_merge import arrival_counters
+
 try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
+
+    from .split_merge import last_to_arrive
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -117,7 +121,7 @@ if triton is not None:
 
     @triton.jit
     def _sparse_attention_kernel(
-            q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+            q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrive_ptr,
             tables_ptr, ctx_ptr, idx_ptr, cnt_ptr, tail_ptr, scale, num_splits,
             s_qb, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
@@ -128,12 +132,14 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            FUSED_MERGE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
-        (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
-        is a runtime value so that batch-size-dependent choices do not recompile."""
+        (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32), and with
+        FUSED_MERGE the last split of the (request, KV head) to finish merges them
+        (`kernels.split_merge`). num_splits is a runtime value so that batch-size-dependent
+        choices do not recompile."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -189,6 +195,54 @@ if triton is not None:
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=m_valid)
+            if FUSED_MERGE:
+                if last_to_arrive(arrive_ptr + req * tl.num_programs(1) + kvh, num_splits):
+                    _merge_heads(part_acc_ptr, part_ml_ptr, out_ptr + req * s_ob, head, m_valid,
+                                 offs_d, row - split, num_splits, s_oh, s_od, HEAD_DIM, BLOCK_M,
+                                 BLOCK_D, INTERPRET)
+
+    @triton.jit
+    def _merge_heads(part_acc_ptr, part_ml_ptr, out_row_ptr, head, m_valid, offs_d, row0,
+                     num_splits, s_oh, s_od, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+        """`_merge_splits_kernel`'s maths for the program's query heads (partial rows
+        ``row0 + split``), the splits read in order through L2 (`.cg`: other programs wrote
+        them)."""
+        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_tot = tl.zeros([BLOCK_M], dtype=tl.float32)
+        o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if INTERPRET:   # a while loop: see the main loop's note on range() bounds
+            s = 0
+            while s < num_splits:
+                m = tl.maximum(m, tl.load(part_ml_ptr + (row0 + s) * 2, mask=m_valid,
+                                          other=-1.0e30, cache_modifier=".cg"))
+                s += 1
+            s = 0
+            while s < num_splits:
+                l_tot, o = _fold_split(part_acc_ptr, part_ml_ptr, row0 + s, m_valid, offs_d, m,
+                                       l_tot, o, BLOCK_D)
+                s += 1
+        else:
+            for s in range(0, num_splits):
+                m = tl.maximum(m, tl.load(part_ml_ptr + (row0 + s) * 2, mask=m_valid,
+                                          other=-1.0e30, cache_modifier=".cg"))
+            for s in range(0, num_splits):
+                l_tot, o = _fold_split(part_acc_ptr, part_ml_ptr, row0 + s, m_valid, offs_d, m,
+                                       l_tot, o, BLOCK_D)
+        o = o / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
+        tl.store(out_row_ptr + head[:, None] * s_oh + offs_d[None, :] * s_od,
+                 o.to(out_row_ptr.dtype.element_ty),
+                 mask=m_valid[:, None] & (offs_d < HEAD_DIM)[None, :])
+
+    @triton.jit
+    def _fold_split(part_acc_ptr, part_ml_ptr, row, m_valid, offs_d, m, l_tot, o,
+                    BLOCK_D: tl.constexpr):
+        m_s = tl.load(part_ml_ptr + row * 2, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :],
+                        mask=m_valid[:, None], other=0.0, cache_modifier=".cg")
+        w = tl.exp(m_s - m)                              # empty splits have l_s = 0, acc_s = 0
+        return l_tot + l_s * w, o + acc_s * w[:, None]
 
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_od, heads,
@@ -236,10 +290,15 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
-                     tail_start, scale: float, block_n: int = 32, num_splits: int | None = None):
+                     tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
+                     fused_merge: bool = False):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
-    per (request, KV head), merged afterwards (None: chosen from the device and the shapes)."""
+    per (request, KV head) (None: chosen from the device and the shapes), merged by a second
+    kernel, or with ``fused_merge`` by the last split to finish (`kernels.split_merge`). The
+    default is the second kernel: at batch 64 x 8K, 7 % the two took 14.8 and 14.9 us (SmolLM2),
+    56.7 and 56.9 (8B-like) (`sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json):
+    in a 15 us kernel the last program's merge is as long as the merge kernel."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -266,14 +325,17 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
+    fused_merge = fused_merge and num_splits > 1
+    counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     _sparse_attention_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml,
+        q, k_cache, v_cache, out, part_acc, part_ml, counters,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, PRECISION=precision, INTERPRET=_interpreting())
-    if num_splits > 1:
+        SPLIT=num_splits > 1, FUSED_MERGE=fused_merge, PRECISION=precision,
+        INTERPRET=_interpreting())
+    if num_splits > 1 and not fused_merge:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),

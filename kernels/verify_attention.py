@@ -32,9 +32,13 @@ from typing import NamedTuple
 
 import torch
 
+from .split_merge import arrival_counters
+
 try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
+
+    from .split_merge import last_to_arrive
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -43,22 +47,37 @@ COLLECT_MODES = ("none", "c2q", "all")
 MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
 
 
-def launch_config(collect_mode: int, head_dim: int) -> tuple[int, int, int]:
-    """(keys per tile, warps, pipeline stages) per collection path: 0 none, 1 rows stored from
-    the main tile, 2 the first/last tile. The fastest of the H200 sweeps at batch 64 x 8K, 8 rows
-    (bench/results/kernels-2026-12-01-h200.json, `sweep: collect_tune`; none also 24 configs in
-    kernels-2026-11-30-h200.json): storing logits from a 64-key tile beats 128 keys (SmolLM2's
-    shape 214 vs 253 us, the 8B one 974 vs 990), and so does the first/last tile at head dim 128
-    (985 vs 1164), but not at 64 (217 vs 204)."""
-    if collect_mode == 0 or (collect_mode == 2 and head_dim <= 64):
-        return 128, 4, 2
-    return 64, 4, 2
+class LaunchConfig(NamedTuple):
+    block_n: int         # keys per tile
+    num_warps: int
+    num_stages: int
+    fused_merge: bool    # the last split merges (kernels.split_merge), not a second kernel
+    max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
 
 
-def c2q_tile_pays(head_dim: int) -> bool:
-    """Collect-2-Query through the first/last tile (else from the main tile): faster at head dim
-    64 (204 vs 214 us), not at 128 (985 vs 974) in the same sweep."""
-    return head_dim <= 64
+def launch_config(collect_mode: int, head_dim: int) -> LaunchConfig:
+    """The launch per collection path: 0 none, 1 rows stored from the main tile (any row set),
+    2 the first/last tile (Collect-2-Query). Measured on the H200 at batch 64 x 8K, 8 rows:
+    - tile, warps, stages: `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
+      (none also 24 configs in kernels-2026-11-30-h200.json): 128-key tiles, except 64 where
+      logits are stored at head dim 128 and from the main tile;
+    - merge and registers: `sweep: merge_tune` in kernels-2026-12-01-h200-merge.json (before
+      the merge kernel became one program per row; `-merge-run1.json` agrees). Nsight Compute
+      (bench/results/logs/ncu-2026-12-01-h200-attention.txt) showed the first/last-tile path at
+      185 registers, 2 programs per SM against 3 without collection (142): most of C2Q's +45 %.
+      At head dim 64 the fused merge with a cap wins for both: none 134.0 us (128 registers)
+      against 141.2 before, C2Q 162.8 (168) against 204.3: +21 % over none instead of +45 %. At
+      head dim 128 no collection is fastest uncapped with the merge kernel (629.8; the fused
+      merge's registers cost 715) and C2Q fused under a 128 cap (850.3 against 985.3). The
+      main-tile path keeps what it had (its caps are not measured). Every path's output is the
+      same bits (the two merges share `_merge_rows`), so the choice may differ per path."""
+    small = head_dim <= 64
+    if collect_mode == 0:
+        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=128 if small else 0)
+    if collect_mode == 2:
+        return LaunchConfig(128 if small else 64, 4, 2, fused_merge=True,
+                            max_registers=168 if small else 128)
+    return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0)
 
 
 class CollectedLogits(NamedTuple):
@@ -224,7 +243,7 @@ if triton is not None:
     @triton.jit
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
-            part_acc_ptr, part_ml_ptr,
+            part_acc_ptr, part_ml_ptr, cnt_ptr,
             tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, logits_len,
             s_qt, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
@@ -237,8 +256,8 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
-            COLLECT: tl.constexpr, SPLIT: tl.constexpr, PRECISION: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
+            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -246,7 +265,9 @@ if triton is not None:
         covers keys [s * split_len, (s + 1) * split_len) of ITS request, split_len being that
         request's context over num_splits in whole tiles (every request uses every split, and
         nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
-        unnormalised partial state for `_merge_splits_kernel` (flash-decoding)."""
+        unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
+        (request, KV head) to finish merges them (`kernels.split_merge`), else
+        `_merge_splits_kernel` does, launched after."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
@@ -329,6 +350,11 @@ if triton is not None:
                      mask=m_valid[:, None] & d_valid[None, :])
             tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
             tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
+            if FUSED_MERGE:
+                if last_to_arrive(cnt_ptr + req * tl.num_programs(1) + kvh, num_splits):
+                    _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid,
+                                offs_d, d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od,
+                                s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET)
         else:
             l_safe = tl.where(l_i > 0, l_i, 1.0)
             acc = acc / l_safe[:, None]
@@ -338,30 +364,67 @@ if triton is not None:
             tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_i + tl.log(l_safe), mask=m_valid)
 
     @triton.jit
-    def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads,
+    def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid, offs_d,
+                    d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+        """`_merge_splits_kernel`'s maths for one program's BLOCK_M (row, head) pairs, the splits
+        read in order; loads through L2 (`.cg`): other programs wrote them."""
+        base = o_rows * s_pt + head * s_ph
+        m_max = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if INTERPRET:   # a while loop: see the main loop's note on range() bounds
+            s = 0
+            while s < num_splits:
+                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, s * s_ps + base, m_valid))
+                s += 1
+            s = 0
+            while s < num_splits:
+                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, s * s_ps + base, m_valid, offs_d,
+                                       d_valid, m_max, l_sum, o, HEAD_DIM)
+                s += 1
+        else:
+            for s in range(0, num_splits):
+                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, s * s_ps + base, m_valid))
+            for s in range(0, num_splits):
+                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, s * s_ps + base, m_valid, offs_d,
+                                       d_valid, m_max, l_sum, o, HEAD_DIM)
+        l_safe = tl.where(l_sum > 0, l_sum, 1.0)
+        tl.store(out_ptr + o_rows[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :] * s_od,
+                 (o / l_safe[:, None]).to(out_ptr.dtype.element_ty),
+                 mask=m_valid[:, None] & d_valid[None, :])
+        tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_max + tl.log(l_safe), mask=m_valid)
+
+    @triton.jit
+    def _split_max(part_ml_ptr, part, m_valid):
+        return tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+
+    @triton.jit
+    def _fold_split(part_acc_ptr, part_ml_ptr, part, m_valid, offs_d, d_valid, m_max, l_sum, o,
+                    HEAD_DIM: tl.constexpr):
+        m_s = tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + 2 * part + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+                        mask=m_valid[:, None] & d_valid[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.exp(m_s - m_max)                          # empty splits: exp(-huge) = 0
+        return l_sum + w * l_s, o + w[:, None] * acc_s
+
+    @triton.jit
+    def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads, num_splits,
                              s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
-                             NUM_SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-        """One program per (query row, head): combine the splits' (max, sum, unnormalised acc)
-        into the output and the log-sum-exp. Empty splits carry max -1e30 and weigh exp(-huge) = 0."""
+                             HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
+                             BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+        """One program per query row: `_merge_rows` over its heads, the same arithmetic in the
+        same order as the fused merge, so the two give the same bits (and a collecting call, whose
+        path may merge the other way, the same output as one that does not collect). Empty splits
+        carry max -1e30 and weigh exp(-huge) = 0."""
         t = tl.program_id(0)
-        h = tl.program_id(1)
-        offs_s = tl.arange(0, BLOCK_S)
+        offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
-        s_valid = offs_s < NUM_SPLITS
-        d_valid = offs_d < HEAD_DIM
-        part = offs_s * s_ps + t * s_pt + h * s_ph
-        m = tl.load(part_ml_ptr + 2 * part, mask=s_valid, other=-1.0e30)
-        l = tl.load(part_ml_ptr + 2 * part + 1, mask=s_valid, other=0.0)
-        acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-                      mask=s_valid[:, None] & d_valid[None, :], other=0.0)
-        m_max = tl.max(m, axis=0)
-        w = tl.exp(m - m_max)
-        l_sum = tl.sum(w * l, axis=0)
-        o = tl.sum(w[:, None] * acc, axis=0) / l_sum
-        tl.store(out_ptr + t * s_ot + h * s_oh + offs_d * s_od, o.to(out_ptr.dtype.element_ty),
-                 mask=d_valid)
-        tl.store(lse_ptr + t * s_lt + h * s_lh, m_max + tl.log(l_sum))
+        _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, t + offs_h * 0, offs_h,
+                    offs_h < heads, offs_d, offs_d < HEAD_DIM, num_splits, s_ps, s_pt, s_ph,
+                    s_ot, s_oh, s_od, s_lt, s_lh, HEAD_DIM, BLOCK_H, BLOCK_D, INTERPRET)
 
 
 def _interpreting() -> bool:
@@ -393,7 +456,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      num_splits: int | None = None, max_ctx: int | None = None,
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
-                     c2q_tile: bool | None = None):
+                     c2q_tile: bool | None = None, fused_merge: bool | None = None,
+                     max_registers: int | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -434,7 +498,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc, scale,
                           out, lse, max_q=max_q, num_splits=num_splits, logits=logits,
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
-                          block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+                          block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                          fused_merge=fused_merge, max_registers=max_registers)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -442,7 +507,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           scale: float, out, lse, *, max_q: int, num_splits: int, logits=None,
                           row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
                           block_n: int | None = None, num_warps: int | None = None,
-                          num_stages: int | None = None) -> None:
+                          num_stages: int | None = None, fused_merge: bool | None = None,
+                          max_registers: int | None = None) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -450,7 +516,12 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     one request; padding rows past ``q_start_loc[-1]`` and requests with no rows are allowed (their
     output rows are left unwritten). ``logits_len``: positions [ctx, logits_len) of collected rows
     are set to -inf (0: left unwritten, for a caller that never reads past each request's
-    context)."""
+    context).
+
+    ``fused_merge``: the last split of each (request, KV head) merges the splits
+    (`kernels.split_merge`); False launches `_merge_splits_kernel` after. ``max_registers`` caps
+    registers per thread (Triton's ``maxnreg``; 0: no cap), which sets how many programs an SM
+    holds. Both, like the tile, warps and stages, default to `launch_config`'s."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -458,8 +529,11 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    tile, warps, stages = launch_config(collect_mode, dim)
-    block_n, num_warps, num_stages = block_n or tile, num_warps or warps, num_stages or stages
+    cfg = launch_config(collect_mode, dim)
+    block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
+    num_stages = num_stages or cfg.num_stages
+    fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
+    max_registers = cfg.max_registers if max_registers is None else max_registers
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -472,17 +546,21 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         part_ml = torch.empty(num_splits, total, heads, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
+    fused_merge = fused_merge and split
+    counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
+    extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
     _verify_attention_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml,
+        q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
         block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
-        PRECISION=precision, INTERPRET=_interpreting(), num_warps=num_warps, num_stages=num_stages)
-    if split:
-        _merge_splits_kernel[(total, heads)](
-            part_acc, part_ml, out, lse, heads, s_ps, s_pt, s_ph, *out.stride(), *lse.stride(),
-            NUM_SPLITS=num_splits, HEAD_DIM=dim, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-            BLOCK_D=block_d)
+        FUSED_MERGE=fused_merge, PRECISION=precision, INTERPRET=_interpreting(),
+        num_warps=num_warps, num_stages=num_stages, **extra)
+    if split and not fused_merge:
+        _merge_splits_kernel[(total,)](
+            part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),
+            *lse.stride(), HEAD_DIM=dim, BLOCK_H=max(2, triton.next_power_of_2(heads)),
+            BLOCK_D=block_d, INTERPRET=_interpreting())

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from kernels.select import quest_sizes
-from kernels.verify_attention import MAX_Q_ROWS, c2q_tile_pays, default_num_splits
+from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
 from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
@@ -254,7 +254,7 @@ class GraphRunner:
                 return None
             first_last = all(set(c) <= {0, len(e.tokens) - 1}
                              for e in entries if (c := e.collect_rows) is not None)
-            mode = 0 if not collects else 2 if first_last and c2q_tile_pays(self.runner.config.head_dim) else 1
+            mode = 0 if not collects else 2 if first_last else 1
             return GraphKey("dense", batch, rows=max(len(e.tokens) for e in entries), collect=mode)
         if any(v is None or len(e.tokens) != 1 or e.logits != "last" or v.wants_recall
                for v, e in zip(views, entries)):

@@ -8,6 +8,10 @@
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method, which e2e uses; at the e2e's
 #            256 tokens (TUNE_TOKENS): 128-token runs ranked settings differently from the e2e
+#   ktests   the attention kernels' tests compiled on the GPU (the fused split merge under real
+#            concurrency)
+#   merge    the fused split merge vs the merge kernel and register caps (--merge-tune), with that
+#            shape's kernel table
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
@@ -28,6 +32,10 @@ for stage in "$@"; do
   case $stage in
     tests) TAIL=30 step tests 170 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
              tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
+    ktests) TAIL=6 step ktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_verify_attention.py \
+             tests/kernels/test_sparse_attention.py ;;
+    merge) mkdir -p "$OUT/results/merge"; TAIL=14 step merge 240 python3 -m vegas_core.bench kernels \
+             --batch 64 --context 8192 --sweep-rows 8 --no-tune --merge-tune --out "$OUT/results/merge" ;;
     select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;

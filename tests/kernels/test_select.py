@@ -345,6 +345,28 @@ def test_select_layers_equals_per_layer_selection():
                 assert torch.equal(got[layer, b, :, :k], want[b, :, :k]), (gran, layer, b)
 
 
+def test_radix_topk_equals_torch_topk_over_packed_keys():
+    """The radix select against torch.topk over the int64 (score bits, reversed position) keys
+    it replaced: rows of 2,500 positions (three 1,024-key chunks) full of exact ties, negative and
+    positive scores, -inf and both zeros; budgets 0, 1, 7, all ties of a value, every position."""
+    from kernels.select import _topk_sorted, radix_topk
+    g = torch.Generator().manual_seed(5)
+    batch, layers, groups, n = 5, 2, 2, 2500
+    values = torch.tensor([-3.5, -1.0, -0.0, 0.0, 0.25, 2.0, float("-inf"), 7.0])
+    scores = values[torch.randint(0, len(values), (layers * batch, groups, n), generator=g)]
+    scores[3, 0, :] = 2.0                          # one row of one value: budget 900 of ties
+    bits = scores.view(torch.int32)
+    keys = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)          # order-preserving, as the kernel
+    packed = (keys.long() << 32) | (0x7FFFFFFF - torch.arange(n))
+    budgets = torch.tensor([0, 1, 7, 900, n])
+    got = radix_topk(keys.to(DEVICE), budgets.to(DEVICE), n, block=1024).cpu()
+    want = _topk_sorted(packed, budgets.repeat(layers), n)
+    for r in range(layers * batch):
+        k = int(budgets[r % batch])
+        assert torch.equal(got[r, :, :k], want[r, :, :k]), r
+        assert (got[r, :, k:] == 0).all()
+
+
 def test_select_layers_breaks_ties_by_position():
     """Exactly equal scores (repeated keys) keep the lower positions; negative and positive
     log-weights order as floats do (the packed int64 keys the top-k runs on)."""

@@ -133,6 +133,29 @@ def test_block_size_and_tile_independent():
         torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("collect", ["none", "c2q"])
+def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed(collect):
+    """The last split merges (kernels.split_merge): the separate merge kernel's answers,
+    including a split with no keys (ctx 5 over 4 splits of 16-key tiles), the shared arrival
+    counters zero again after the call, and the same bits from both merges (a collecting path
+    may merge the other way: collecting must not change the output) and on a second call."""
+    from kernels.split_merge import arrival_counters
+    args = make_case([1, 2, 8, 17], [5, 40, 37, 70], 9, 3, 16, seed=5)
+    ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+    results = []
+    for fused in (True, False, True):
+        out, lse, logits = verify_attention(*args, collect=collect, num_splits=4, block_n=16,
+                                            fused_merge=fused)
+        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+        if collect != "none":
+            check_logits(logits, ref_logits)
+        assert not arrival_counters(out.device, 4 * 3).any()
+        results.append((out, lse))
+    for out, lse in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
+
+
 def test_default_split_count():
     """About eight programs per SM, never a split shorter than 512 keys, never more than 64."""
     assert default_num_splits(64, 8, 8192, num_sms=132) == 2      # 512 programs -> 2 per (req, head)

@@ -26,7 +26,7 @@ import torch
 
 from kernels.select import quest_page_scores, quest_positions, quest_sizes
 from kernels.sparse_attention import sparse_attention
-from kernels.verify_attention import (MAX_Q_ROWS, c2q_tile_pays, collected_row_slots,
+from kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots,
                                       default_num_splits, verify_attention_into)
 
 from ..kv_cache import KVPool
@@ -229,7 +229,7 @@ class KernelBackend:
             rows_t = torch.tensor(collect, dtype=torch.long)
             layers, heads = len(pool.k), q.shape[1]
             g.row_slot = collected_row_slots(rows_t, qloc[-1]).to(device)
-            g.c2q_tile = c2q and c2q_tile_pays(q.shape[-1])
+            g.c2q_tile = c2q
             g.logits = torch.empty(layers, len(collect), heads, max(ctx), dtype=torch.bfloat16,
                                    device=device)
             g.lse = torch.empty(layers, qloc[-1], heads, dtype=torch.float32, device=device)

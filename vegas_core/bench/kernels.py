@@ -57,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sweep the launch configuration of each collection path at the sweep shape")
     p.add_argument("--sparse-tune", action=argparse.BooleanOptionalAction, default=False,
                    help="sweep sparse_attention's tile and split count at the sweep shape")
+    p.add_argument("--merge-tune", action=argparse.BooleanOptionalAction, default=False,
+                   help="time the fused split merge against the merge kernel, and register caps "
+                        "(occupancy), for verify_attention (none, c2q) and sparse_attention")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -180,7 +183,7 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None):
+                  block_n: int = 32, num_splits: int | None = None, fused_merge: bool = False):
     from kernels.sparse_attention import sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
@@ -192,7 +195,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
     us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
-                                         block_n=block_n, num_splits=num_splits))
+                                         block_n=block_n, num_splits=num_splits,
+                                         fused_merge=fused_merge))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -223,8 +227,9 @@ def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_
 
 def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     """One model step's selection (every layer) from c2q logits, as the engine runs it
-    (`kernels.select.select_layers`: a scoring kernel per layer, one top-k for all layers)."""
-    from kernels.select import select_layers
+    (`kernels.select.select_layers`: one scoring launch and one radix top-k launch for all
+    layers); `us_torch_topk` is the torch.topk path it replaced, timed beside it."""
+    from kernels.select import _topk_sorted, select_layers, selection_scores
     heads, kvh, dim, layers = SHAPES[shape]
     rows = 2 * batch
     # As the engine holds them: one [L, R, H, N] logits buffer and the rows' lse [L, R, H].
@@ -242,12 +247,19 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     per_gran = {gran: _bench(lambda: select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran,
                                                    n_keys=context - q_rows))
                 for gran in ("layer", "kv-head")}
+
+    def torch_topk(gran):   # the path select_layers had before radix_topk, for the A/B
+        keys = selection_scores(logits[..., :context - q_rows], lse, row_start, row_count, bases,
+                                kvh, gran, packed=True)
+        return _topk_sorted(keys.flatten(0, 1), budgets.repeat(layers), k)
+    torch_us = {gran: _bench(lambda: torch_topk(gran)) for gran in ("layer", "kv-head")}
     logit_bytes = layers * rows * heads * context * 2
     del collected, logits, lse
     torch.cuda.empty_cache()
     return dict(kernel="selection", shape=shape, batch=batch, context=context, q_rows=2, heads=heads,
                 kv_heads=kvh, head_dim=dim, layers=layers, collect="c2q", budget=k,
                 us=per_gran["layer"], us_kv_head=per_gran["kv-head"],
+                us_torch_topk=torch_us["layer"], us_kv_head_torch_topk=torch_us["kv-head"],
                 read_TBps=logit_bytes / (per_gran["layer"] * 1e-6) / 1e12, copy_TBps=copy_tbps)
 
 
@@ -320,6 +332,57 @@ def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
     return out
 
 
+def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
+    """The split merge inside the kernel (last split merges) against the separate merge kernel,
+    and register caps (Triton's maxnreg: 0 none; 128, 144 and 168 let an SM hold 4, 3 and 3
+    programs of 4 warps), then tiles and stages under a cap, for verify_attention without
+    collection and with C2Q, and sparse_attention's merge (records with `sweep: merge_tune`)."""
+    from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
+    heads, kvh, dim, _ = SHAPES[shape]
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
+    loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
+    rows = collected_rows(loc.cpu(), "c2q")
+    slots = collected_row_slots(rows, batch * q_rows).to(device)
+    kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
+    base = dict(kernel="verify_attention", sweep="merge_tune", shape=shape, batch=batch,
+                context=context, q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim,
+                copy_TBps=copy_tbps)
+    out = []
+    configs = [dict(fused_merge=fused, max_registers=regs) for fused in (False, True)
+               for regs in (0, 128, 168)]
+    configs += [dict(fused_merge=True, max_registers=regs, block_n=block_n, num_stages=stages)
+                for regs in (144, 168) for block_n, stages in ((64, 2), (128, 3), (64, 3))]
+    for collect in ("none", "c2q"):
+        mode = "none" if collect == "none" else rows
+        for cfg in configs:
+            try:
+                us = _bench(lambda: verify_attention(
+                    q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode, max_ctx=context,
+                    max_q=q_rows, row_slot=None if collect == "none" else slots,
+                    c2q_tile=collect == "c2q", **cfg))
+            except Exception as e:  # noqa: BLE001 - e.g. a cap too low to compile: record it
+                out.append(dict(base, collect=collect, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
+                continue
+            out.append(dict(base, collect=collect, config=cfg, us=us,
+                            read_TBps=kv_bytes / (us * 1e-6) / 1e12,
+                            copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy_tbps))
+    del k, v
+    torch.cuda.empty_cache()
+    for fused in (False, True):
+        rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
+                            fused_merge=fused)
+        rec.update(sweep="merge_tune", config=dict(fused_merge=fused))
+        out.append(rec)
+    for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q"),
+                            ("sparse_attention", "none")):
+        ok = [r for r in out if r["kernel"] == kernel and r.get("collect") == collect and "us" in r]
+        best = min(ok, key=lambda r: r["us"])
+        print(f"merge_tune {shape} {kernel} {collect}: " + ", ".join(
+            f"{r['config']} {r['us']:.1f} us" for r in ok) + f"; best {best['config']}")
+    return out
+
+
 def quest_record(shape, batch, context, block_size, device, copy_tbps):
     from kernels.select import quest_page_scores, quest_positions, quest_sizes
     heads, kvh, dim, _ = SHAPES[shape]
@@ -375,6 +438,10 @@ def run(args, argv: list[str]) -> str:
         for shape in args.shapes:
             records += tune_sparse(shape, sweep_b, sweep_ctx, args.sparsity, args.q_rows, args.block_size,
                                    device, copy_tbps)
+    if args.merge_tune:
+        for shape in args.shapes:
+            records += tune_merge(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
+                                  args.block_size, device, copy_tbps)
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
     for shape, batch, context in grid:
