@@ -65,15 +65,17 @@ def launch_config(collect_mode: int, head_dim: int) -> LaunchConfig:
       the merge kernel became one program per row; `-merge-run1.json` agrees). Nsight Compute
       (bench/results/logs/ncu-2026-12-01-h200-attention.txt) showed the first/last-tile path at
       185 registers, 2 programs per SM against 3 without collection (142): most of C2Q's +45 %.
-      At head dim 64 the fused merge with a cap wins for both: none 134.0 us (128 registers)
-      against 141.2 before, C2Q 162.8 (168) against 204.3: +21 % over none instead of +45 %. At
+      At head dim 64 the fused merge with a 168 cap wins for both: none 135.4 us against 141.2
+      before, C2Q 162.8 against 204.3: +20 % over none instead of +45 %. A 128 cap gave none
+      134.0 at 8 rows but 135.6 against 122.1 at the one row of a plain decode step (batch 64 x
+      6K, `-merge-1row.json`; an e2e with it ran vanilla 8 % slower). At
       head dim 128 no collection is fastest uncapped with the merge kernel (629.8; the fused
       merge's registers cost 715) and C2Q fused under a 128 cap (850.3 against 985.3). The
       main-tile path keeps what it had (its caps are not measured). Every path's output is the
       same bits (the two merges share `_merge_rows`), so the choice may differ per path."""
     small = head_dim <= 64
     if collect_mode == 0:
-        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=128 if small else 0)
+        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=168 if small else 0)
     if collect_mode == 2:
         return LaunchConfig(128 if small else 64, 4, 2, fused_merge=True,
                             max_registers=168 if small else 128)
