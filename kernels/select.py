@@ -301,7 +301,10 @@ if triton is not None:
         tl.store(dst_ptr + slot.to(tl.int64) * s_ok, pos, mask=take != 0)
         return taken + tl.sum(take, axis=0), ties + tl.sum(eq, axis=0)
 
-    @triton.jit(do_not_specialize=["n", "k_max", "batch"])
+    # Sizes and strides change with every step's longest prefix and budget: not specialised on,
+    # or a step would recompile the kernel whenever one turns divisible by 16 (a compile inside
+    # a timed SpecExtend run cost it 37 ms a step on the H200).
+    @triton.jit(do_not_specialize=["batch", "n", "k_max", "s_kr", "s_kg", "s_or", "s_og"])
     def _radix_topk_kernel(key_ptr, budget_ptr, out_ptr, batch, n, k_max,
                            s_kr, s_kg, s_or, s_og, s_ok,
                            BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
