@@ -55,9 +55,10 @@ class LaunchConfig(NamedTuple):
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
 
 
-def launch_config(collect_mode: int, head_dim: int) -> LaunchConfig:
+def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> LaunchConfig:
     """The launch per collection path: 0 none, 1 rows stored from the main tile (any row set),
-    2 the first/last tile (Collect-2-Query). Measured on the H200 at batch 64 x 8K, 8 rows:
+    2 the first/last tile (Collect-2-Query), for a ``block_m``-row tile (rows x query heads per
+    KV head, padded to a power of two). Measured on the H200 at batch 64 x 8K, 8 rows:
     - tile, warps, stages: `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
       (none also 24 configs in kernels-2026-11-30-h200.json): 128-key tiles, except 64 where
       logits are stored at head dim 128 and from the main tile;
@@ -72,13 +73,20 @@ def launch_config(collect_mode: int, head_dim: int) -> LaunchConfig:
       head dim 128 no collection is fastest uncapped with the merge kernel (629.8; the fused
       merge's registers cost 715) and C2Q fused under a 128 cap (850.3 against 985.3). The
       main-tile path keeps what it had (its caps are not measured). Every path's output is the
-      same bits (the two merges share `_merge_rows`), so the choice may differ per path."""
+      same bits (the two merges share `_merge_rows`), so the choice may differ per path;
+    - a 64-row tile (12-16 rows at GQA 3 or 4; vegas at gamma >= 11) spills under C2Q's caps:
+      +63 % at head dim 64 and 1,664 us at 128 (kernels-2026-12-01-h200-capped.json, `sweep:
+      collect_rows`) against 228 and 1,077 us with the merge kernel and no cap
+      (kernels-2026-12-01-h200-target.json), so that tile keeps the latter (not re-measured with
+      the one-program-per-row merge kernel). Without collection the cap still pays there at
+      head dim 64 (165 against 194 us)."""
     small = head_dim <= 64
     if collect_mode == 0:
         return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=168 if small else 0)
     if collect_mode == 2:
-        return LaunchConfig(128 if small else 64, 4, 2, fused_merge=True,
-                            max_registers=168 if small else 128)
+        capped = block_m <= 32
+        return LaunchConfig(128 if small else 64, 4, 2, fused_merge=capped,
+                            max_registers=(168 if small else 128) if capped else 0)
     return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0)
 
 
@@ -531,7 +539,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    cfg = launch_config(collect_mode, dim)
+    block_m = max(16, triton.next_power_of_2(max_q * group))
+    cfg = launch_config(collect_mode, dim, block_m)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
@@ -539,7 +548,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
-    block_m = max(16, triton.next_power_of_2(max_q * group))
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     split = num_splits > 1

@@ -156,6 +156,20 @@ def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed(collect
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
 
 
+def test_launch_config_caps_registers_only_where_measured_to_pay():
+    """The H200 measurements behind launch_config: C2Q's register cap helps tiles of up to 32 rows
+    and spills on 64 (12-16 rows), which keep the merge kernel and no cap; the main-tile path is
+    never capped; without collection head dim 128 keeps the merge kernel."""
+    from kernels.verify_attention import launch_config
+    assert launch_config(2, 64, 32).max_registers == 168 and launch_config(2, 64, 32).fused_merge
+    assert launch_config(2, 128, 16).max_registers == 128
+    for dim in (64, 128):
+        wide = launch_config(2, dim, 64)
+        assert wide.max_registers == 0 and not wide.fused_merge
+        assert launch_config(1, dim, 32).max_registers == 0
+    assert not launch_config(0, 128, 16).fused_merge and launch_config(0, 64, 16).fused_merge
+
+
 def test_default_split_count():
     """About eight programs per SM, never a split shorter than 512 keys, never more than 64."""
     assert default_num_splits(64, 8, 8192, num_sms=132) == 2      # 512 programs -> 2 per (req, head)
