@@ -9,8 +9,9 @@ model's chat template; lengths spread evenly over the range):
 - `small`: 200-400-token prompts, 32 tokens, batch 2 (what a CPU can run in a minute or two).
 
 Throughput: tokens emitted by decode steps / wall time of those steps, counting only steps that run
-the full batch (the stable rate; prefill steps, the draining tail and the steps that captured a
-CUDA graph, compiling its kernels, are left out; every decode step counts when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
+the full batch (the stable rate; prefill steps, the draining tail, the steps that captured a
+CUDA graph and those during which Triton compiled a kernel are left out; every decode step counts
+when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
 top-p 0.9: SmolLM2-135M-Instruct's model-card example; for another model pass its own). Each method
 runs with its tuned (gamma, sparsity) from `python -m vegas_core.bench tune` when a result file for
 this model and device exists (or `--tuned FILE`), else with `--gamma` / `--sparsity`.
@@ -141,11 +142,13 @@ def prefill_parents(engine, workload: Workload) -> list:
     return parents
 
 
-def run_workload(engine, workload: Workload, sampling, spec, progress=None, parents=None) -> RunStats:
+def run_workload(engine, workload: Workload, sampling, spec, progress=None, parents=None,
+                 compiles=None) -> RunStats:
     """Run every request of the workload to completion, forked from `parents` when given (see
     `prefill_parents`; requests the pool has no room to copy for prefill when they are admitted);
     the stable decode rate (see the module docstring) and the phase times per iteration, over the
-    same steps as the rate."""
+    same steps as the rate. `compiles`: a callable giving the number of Triton compiles so far
+    (`common.TritonCompiles`); a step that moves it is left out like a graph capture."""
     core = engine.core
     graphs = core.runner.graphs
     if parents is None:
@@ -160,6 +163,7 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     while any(not r.finished for r in reqs):
         running = sum(not r.held for r in core.scheduler.running)   # held parents sit out
         captured = graphs.captures if graphs is not None else 0
+        compiled = compiles() if compiles is not None else 0
         core.reset_phase_totals()
         events = engine.step()
         # No synchronisation between steps: the engine may have launched the next iteration's
@@ -171,8 +175,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
             progress(sum(len(e.new_token_ids) for e in events))
         if not events:
             continue                                    # a prefill step
-        if graphs is not None and graphs.captures != captured:
-            warmup_steps += 1                           # it captured (and compiled): not the rate
+        if ((graphs is not None and graphs.captures != captured)
+                or (compiles is not None and compiles() != compiled)):
+            warmup_steps += 1                           # it captured or compiled: not the rate
             continue
         emitted = sum(len(e.new_token_ids) for e in events)
         decode_steps += 1
@@ -279,6 +284,7 @@ def run(args, argv: list[str]) -> str:
     total = len(args.sampling) * len(methods) * len(workload.prompts) * workload.gen_tokens
     bar = common.progress_bar(total, f"e2e {workload.name}")
     bar.unit = "tok"
+    compiles = common.TritonCompiles().install()
     for sampling_name in args.sampling:
         sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True, seed=0,
                                   **SAMPLINGS[sampling_name])
@@ -290,7 +296,8 @@ def run(args, argv: list[str]) -> str:
             spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
                               min_budget=args.min_budget)
             bar.set_postfix_str(f"{sampling_name} {key}")
-            stats = run_workload(engine, workload, sampling, spec, progress=bar.update, parents=parents)
+            stats = run_workload(engine, workload, sampling, spec, progress=bar.update, parents=parents,
+                                 compiles=lambda: compiles.count)
             if method == "vanilla":
                 vanilla[sampling_name] = stats
             base = vanilla.get(sampling_name)
@@ -324,6 +331,7 @@ def run(args, argv: list[str]) -> str:
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
                                               "top_p 0.9)"),
                 complete=len(records) == len(args.sampling) * len(methods))
+    compiles.uninstall()
     bar.close()
     print_table(records, engine)
     print(f"wrote {path}")

@@ -61,12 +61,14 @@ def run(args, argv: list[str]) -> str:
     trials_per_method = len(args.sparsities) + len(args.gammas) + 4
     bar = common.progress_bar(len(methods) * trials_per_method, f"tune {workload.name}")
     records, tuned = [], {}
+    compiles = common.TritonCompiles().install()     # compiling steps are not the rate (e2e's rule)
 
     def trial(method, gran, step, gamma, sparsity):
         spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
                           min_budget=args.min_budget)
         bar.set_postfix_str(f"{method}/{gran} step {step}: gamma {gamma}, sparsity {sparsity}")
-        st = e2e.run_workload(engine, workload, sampling, spec, parents=parents)
+        st = e2e.run_workload(engine, workload, sampling, spec, parents=parents,
+                              compiles=lambda: compiles.count)
         bar.update(1)
         mal = st.mean_acceptance_length or 1.0
         rec = dict(method=method, granularity=gran, step=step, gamma=gamma, sparsity=sparsity,
@@ -91,6 +93,7 @@ def run(args, argv: list[str]) -> str:
                 name=workload.name, batch=workload.batch, gen_tokens=workload.gen_tokens,
                 prompt_tokens=list(workload.prompt_range), requests=len(workload.prompts), sampling="greedy"),
             tuned=tuned, complete=len(tuned) == len(methods))
+    compiles.uninstall()
     bar.close()
     common.print_table(f"tune: {common.device_description(engine.device)}, {workload.name} workload",
                        ["method", "gran.", "gamma", "sparsity", "plateau sparsity", "tok/s"],

@@ -182,3 +182,52 @@ def test_agreement_compares_the_kernel_and_reference_paths(tmp_path, tiny_model)
     assert [(r["method"], r["granularity"]) for r in doc["records"]] == [("vanilla", None), ("vegas", "layer")]
     for r in doc["records"]:
         assert r["exact_match_rate"] == 1.0 and r["vs_vanilla_rate"] == 1.0 and r["divergences"] == []
+
+
+def test_steps_that_compile_a_kernel_are_left_out_of_the_rate(tiny_model):
+    """e2e and tune leave out a step during which Triton compiled a kernel, as they leave out graph
+    captures; `common.TritonCompiles` counts compiles through Triton's post-compile hook (and
+    chains the hook it replaced)."""
+    import argparse
+
+    import triton
+
+    from vegas_core.bench import common, e2e
+    from vegas_core.loader import load_model
+    from vegas_core.sampling import SamplingParams
+    from vegas_core.spec import SpecParams
+
+    p = argparse.ArgumentParser()
+    e2e.add_arguments(p)
+    args = p.parse_args(["--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "2",
+                         "--replays", "1", "--gen-tokens", "8"])
+    loaded = load_model(args.model)
+    workload = e2e.build_workload(args, loaded.tokenizer, loaded.config, on_gpu=False)
+    engine = e2e.engine_for(args, workload, loaded)
+    parents = e2e.prefill_parents(engine, workload)
+    sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True)
+    spec = SpecParams(method="vegas", gamma=2, sparsity=0.2)
+    base = e2e.run_workload(engine, workload, sampling, spec, parents=parents)
+
+    seen = {"decode": 0, "compiles": 0}
+
+    def progress(tokens):            # called after each step, before the rate's checks
+        if tokens:
+            seen["decode"] += 1
+            seen["compiles"] += seen["decode"] == 2     # "a kernel compiled in the second step"
+    got = e2e.run_workload(engine, workload, sampling, spec, progress=progress, parents=parents,
+                           compiles=lambda: seen["compiles"])
+    assert got.warmup_steps == base.warmup_steps + 1
+    assert got.decode_steps == base.decode_steps - 1 and got.outputs == base.outputs
+
+    calls = []
+    before = triton.knobs.runtime.jit_post_compile_hook
+    triton.knobs.runtime.jit_post_compile_hook = lambda **kw: calls.append(kw)
+    try:
+        with common.TritonCompiles() as compiles:
+            triton.knobs.runtime.jit_post_compile_hook(key="k", repr="r")
+            triton.knobs.runtime.jit_post_compile_hook(key="k2", repr="r")
+        assert compiles.count == 2 and len(calls) == 2              # counted, and chained
+        assert triton.knobs.runtime.jit_post_compile_hook is not compiles._hook   # given back
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = before
