@@ -89,10 +89,11 @@ if triton is not None:
                      count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
                      s_ib, s_ig, s_ik, s_tb, block_size,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     PRECISION: tl.constexpr):
+                     PRECISION: tl.constexpr, SLOTS: tl.constexpr):
         """Entries ``[j0, j0 + BLOCK_N)`` of the virtual list (selected, then tail), clipped to
         ``end``: resolve positions, gather K/V through the block table, score, fold into the
-        online-softmax state (m_i, l_i, acc)."""
+        online-softmax state (m_i, l_i, acc). With SLOTS the selected entries are pool slots
+        already (page * block_size + offset): only the tail goes through the table."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
@@ -102,8 +103,13 @@ if triton is not None:
         sel = tl.load(idx_ptr + req * s_ib + kvh * s_ig + j * s_ik, mask=is_sel, other=0)
         pos = tl.where(is_sel, sel, base + (j - count))
         pos = tl.where(n_valid, pos, 0)
-        page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
-        off = pos % block_size
+        if SLOTS:
+            tail_page = tl.load(tables_ptr + req * s_tb + pos // block_size,
+                                mask=n_valid & ~is_sel, other=0)
+            page = tl.where(is_sel, pos // block_size, tail_page)
+        else:
+            page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
+        off = pos % block_size                  # a slot's offset in its page is its position's
         base_k = page.to(tl.int64) * s_kb + off * s_kt + kvh * s_kh
         base_v = page.to(tl.int64) * s_vb + off * s_vt + kvh * s_vh
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -132,7 +138,8 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            FUSED_MERGE: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            FUSED_MERGE: tl.constexpr, PRECISION: tl.constexpr, SLOTS: tl.constexpr,
+            INTERPRET: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
@@ -175,14 +182,16 @@ if triton is not None:
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
+                    SLOTS)
                 j0 += BLOCK_N
         else:
             for j0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
+                    SLOTS)
 
         if not SPLIT:
             l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -291,14 +300,19 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
-                     fused_merge: bool = False):
+                     fused_merge: bool = False, slots: bool = False):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
     kernel, or with ``fused_merge`` by the last split to finish (`kernels.split_merge`). The
     default is the second kernel: at batch 64 x 8K, 7 % the two took 14.8 and 14.9 us (SmolLM2),
     56.7 and 56.9 (8B-like) (`sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json):
-    in a 15 us kernel the last program's merge is as long as the merge kernel."""
+    in a 15 us kernel the last program's merge is as long as the merge kernel.
+
+    ``slots``: ``indices`` hold pool slots (``page * block_size + offset``, `positions_to_slots`)
+    instead of positions, so a selected entry's gather skips the block-table load (the tail still
+    reads it). An engine selects once per iteration and drafts gamma times from that selection,
+    so converting once takes one dependent load out of every draft step's gather chain."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -333,7 +347,7 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, FUSED_MERGE=fused_merge, PRECISION=precision,
+        SPLIT=num_splits > 1, FUSED_MERGE=fused_merge, PRECISION=precision, SLOTS=slots,
         INTERPRET=_interpreting())
     if num_splits > 1 and not fused_merge:
         _merge_splits_kernel[(batch, heads)](
@@ -341,3 +355,15 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=dim, BLOCK_D=block_d)
     return out
+
+
+def positions_to_slots(indices: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Pool slots of selected positions: ``indices`` int32 ``[B, G, K]`` (positions of request
+    ``b``), ``block_tables`` int32 ``[B, max_blocks]``; returns int32 ``[B, G, K]`` with
+    ``block_tables[b, p // block_size] * block_size + p % block_size`` (padding entries map
+    through page 0 of the table and stay unread, as before)."""
+    b, g, k = indices.shape
+    pos = indices.long().clamp_min(0)
+    page_idx = (pos // block_size).clamp_max(block_tables.shape[1] - 1)   # padding may be anything
+    pages = torch.gather(block_tables.long(), 1, page_idx.view(b, g * k)).view(b, g, k)
+    return (pages * block_size + pos % block_size).to(torch.int32)

@@ -183,8 +183,11 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None, fused_merge: bool = False):
-    from kernels.sparse_attention import sparse_attention
+                  block_n: int = 32, num_splits: int | None = None, fused_merge: bool = False,
+                  slots: bool = False):
+    """`slots`: the selection converted to pool slots first (`positions_to_slots`, timed apart
+    as `convert_us`: an engine would convert once per selection, not per draft step)."""
+    from kernels.sparse_attention import positions_to_slots, sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
     base = context - tail
@@ -194,9 +197,13 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     counts = torch.full((batch,), budget, dtype=torch.int32, device=device)
     tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
+    convert_us = None
+    if slots:
+        convert_us = _bench(lambda: positions_to_slots(idx, tables, block_size))
+        idx = positions_to_slots(idx, tables, block_size)
     us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
                                          block_n=block_n, num_splits=num_splits,
-                                         fused_merge=fused_merge))
+                                         fused_merge=fused_merge, slots=slots))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -205,7 +212,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
-                block_n=block_n, num_splits=num_splits)
+                block_n=block_n, num_splits=num_splits, slots=slots, convert_us=convert_us)
 
 
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
@@ -336,7 +343,8 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
     """The split merge inside the kernel (last split merges) against the separate merge kernel,
     and register caps (Triton's maxnreg: 0 none; 128, 144 and 168 let an SM hold 4, 3 and 3
     programs of 4 warps), then tiles and stages under a cap, for verify_attention without
-    collection and with C2Q, and sparse_attention's merge (records with `sweep: merge_tune`)."""
+    collection and with C2Q, and sparse_attention's merge and slot-addressed selection (records
+    with `sweep: merge_tune`)."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
@@ -369,10 +377,10 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
                             copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy_tbps))
     del k, v
     torch.cuda.empty_cache()
-    for fused in (False, True):
+    for fused, by_slot in ((False, False), (True, False), (False, True)):
         rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
-                            fused_merge=fused)
-        rec.update(sweep="merge_tune", config=dict(fused_merge=fused))
+                            fused_merge=fused, slots=by_slot)
+        rec.update(sweep="merge_tune", config=dict(fused_merge=fused, slots=by_slot))
         out.append(rec)
     for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q"),
                             ("sparse_attention", "none")):
