@@ -50,7 +50,7 @@ try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
 
-    from .split_merge import last_to_arrive
+    from .split_merge import last_to_arrive, merge_partials
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -214,44 +214,13 @@ if triton is not None:
     def _merge_heads(part_acc_ptr, part_ml_ptr, out_row_ptr, head, m_valid, offs_d, row0,
                      num_splits, s_oh, s_od, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
-        """`_merge_splits_kernel`'s maths for the program's query heads (partial rows
-        ``row0 + split``), the splits read in order through L2 (`.cg`: other programs wrote
-        them)."""
-        m = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_tot = tl.zeros([BLOCK_M], dtype=tl.float32)
-        o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        if INTERPRET:   # a while loop: see the main loop's note on range() bounds
-            s = 0
-            while s < num_splits:
-                m = tl.maximum(m, tl.load(part_ml_ptr + (row0 + s) * 2, mask=m_valid,
-                                          other=-1.0e30, cache_modifier=".cg"))
-                s += 1
-            s = 0
-            while s < num_splits:
-                l_tot, o = _fold_split(part_acc_ptr, part_ml_ptr, row0 + s, m_valid, offs_d, m,
-                                       l_tot, o, BLOCK_D)
-                s += 1
-        else:
-            for s in range(0, num_splits):
-                m = tl.maximum(m, tl.load(part_ml_ptr + (row0 + s) * 2, mask=m_valid,
-                                          other=-1.0e30, cache_modifier=".cg"))
-            for s in range(0, num_splits):
-                l_tot, o = _fold_split(part_acc_ptr, part_ml_ptr, row0 + s, m_valid, offs_d, m,
-                                       l_tot, o, BLOCK_D)
-        o = o / tl.where(l_tot > 0, l_tot, 1.0)[:, None]
+        """Merge and store the splits of the program's query heads (partial rows ``row0 +
+        split``, `merge_partials`)."""
+        d_valid = offs_d < HEAD_DIM
+        o, _ = merge_partials(part_acc_ptr, part_ml_ptr, row0, 1, num_splits, m_valid, offs_d,
+                              d_valid, BLOCK_D, BLOCK_M, BLOCK_D, INTERPRET)
         tl.store(out_row_ptr + head[:, None] * s_oh + offs_d[None, :] * s_od,
-                 o.to(out_row_ptr.dtype.element_ty),
-                 mask=m_valid[:, None] & (offs_d < HEAD_DIM)[None, :])
-
-    @triton.jit
-    def _fold_split(part_acc_ptr, part_ml_ptr, row, m_valid, offs_d, m, l_tot, o,
-                    BLOCK_D: tl.constexpr):
-        m_s = tl.load(part_ml_ptr + row * 2, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + row * 2 + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :],
-                        mask=m_valid[:, None], other=0.0, cache_modifier=".cg")
-        w = tl.exp(m_s - m)                              # empty splits have l_s = 0, acc_s = 0
-        return l_tot + l_s * w, o + acc_s * w[:, None]
+                 o.to(out_row_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_od, heads,
@@ -360,8 +329,8 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
 def positions_to_slots(indices: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
     """Pool slots of selected positions: ``indices`` int32 ``[B, G, K]`` (positions of request
     ``b``), ``block_tables`` int32 ``[B, max_blocks]``; returns int32 ``[B, G, K]`` with
-    ``block_tables[b, p // block_size] * block_size + p % block_size`` (padding entries map
-    through page 0 of the table and stay unread, as before)."""
+    ``block_tables[b, p // block_size] * block_size + p % block_size``. Padding entries, which
+    may hold anything, are clamped into the table (and stay unread, as before)."""
     b, g, k = indices.shape
     pos = indices.long().clamp_min(0)
     page_idx = (pos // block_size).clamp_max(block_tables.shape[1] - 1)   # padding may be anything

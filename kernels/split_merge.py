@@ -58,3 +58,49 @@ if triton is not None:
         if last:
             tl.store(counter_ptr, 0)             # the next kernel (stream-ordered) finds it zeroed
         return last
+
+    @triton.jit
+    def merge_partials(part_acc_ptr, part_ml_ptr, first, step, num_splits, m_valid, offs_d,
+                       d_valid, ACC_STRIDE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+        """Combine the splits' partial states of BLOCK_M (row, head) pairs: split ``s`` of pair
+        ``i`` is partial ``first[i] + s * step``, with (max, sum) at ``part_ml[2p], [2p + 1]`` and
+        the unnormalised accumulator at ``part_acc[p * ACC_STRIDE + d]``. The splits are read in
+        order, through L2 (``.cg``: other programs wrote them). Returns (normalised output
+        [BLOCK_M, BLOCK_D] float32, log-sum-exp [BLOCK_M]); empty splits (max -1e30, sum 0) weigh
+        exp(-huge) = 0."""
+        m_max = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
+        o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if INTERPRET:   # while loops: Triton 3.6's interpreter takes no runtime range() bound
+            s = 0
+            while s < num_splits:
+                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, first + s * step, m_valid))
+                s += 1
+            s = 0
+            while s < num_splits:
+                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, first + s * step, m_valid, offs_d,
+                                       d_valid, m_max, l_sum, o, ACC_STRIDE)
+                s += 1
+        else:
+            for s in range(0, num_splits):
+                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, first + s * step, m_valid))
+            for s in range(0, num_splits):
+                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, first + s * step, m_valid, offs_d,
+                                       d_valid, m_max, l_sum, o, ACC_STRIDE)
+        l_safe = tl.where(l_sum > 0, l_sum, 1.0)
+        return o / l_safe[:, None], m_max + tl.log(l_safe)
+
+    @triton.jit
+    def _split_max(part_ml_ptr, part, m_valid):
+        return tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+
+    @triton.jit
+    def _fold_split(part_acc_ptr, part_ml_ptr, part, m_valid, offs_d, d_valid, m_max, l_sum, o,
+                    ACC_STRIDE: tl.constexpr):
+        m_s = tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + 2 * part + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + part[:, None] * ACC_STRIDE + offs_d[None, :],
+                        mask=m_valid[:, None] & d_valid[None, :], other=0.0, cache_modifier=".cg")
+        w = tl.exp(m_s - m_max)
+        return l_sum + w * l_s, o + w[:, None] * acc_s

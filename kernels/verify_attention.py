@@ -38,7 +38,7 @@ try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
 
-    from .split_merge import last_to_arrive
+    from .split_merge import last_to_arrive, merge_partials
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -378,47 +378,14 @@ if triton is not None:
                     d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                     INTERPRET: tl.constexpr):
-        """`_merge_splits_kernel`'s maths for one program's BLOCK_M (row, head) pairs, the splits
-        read in order; loads through L2 (`.cg`): other programs wrote them."""
-        base = o_rows * s_pt + head * s_ph
-        m_max = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
-        o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        if INTERPRET:   # a while loop: see the main loop's note on range() bounds
-            s = 0
-            while s < num_splits:
-                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, s * s_ps + base, m_valid))
-                s += 1
-            s = 0
-            while s < num_splits:
-                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, s * s_ps + base, m_valid, offs_d,
-                                       d_valid, m_max, l_sum, o, HEAD_DIM)
-                s += 1
-        else:
-            for s in range(0, num_splits):
-                m_max = tl.maximum(m_max, _split_max(part_ml_ptr, s * s_ps + base, m_valid))
-            for s in range(0, num_splits):
-                l_sum, o = _fold_split(part_acc_ptr, part_ml_ptr, s * s_ps + base, m_valid, offs_d,
-                                       d_valid, m_max, l_sum, o, HEAD_DIM)
-        l_safe = tl.where(l_sum > 0, l_sum, 1.0)
+        """Merge and store the splits of BLOCK_M (row, head) pairs (`merge_partials`): the fused
+        merge and `_merge_splits_kernel` both come here, so they give the same bits."""
+        o, lse = merge_partials(part_acc_ptr, part_ml_ptr, o_rows * s_pt + head * s_ph, s_ps,
+                                num_splits, m_valid, offs_d, d_valid, HEAD_DIM, BLOCK_M, BLOCK_D,
+                                INTERPRET)
         tl.store(out_ptr + o_rows[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :] * s_od,
-                 (o / l_safe[:, None]).to(out_ptr.dtype.element_ty),
-                 mask=m_valid[:, None] & d_valid[None, :])
-        tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_max + tl.log(l_safe), mask=m_valid)
-
-    @triton.jit
-    def _split_max(part_ml_ptr, part, m_valid):
-        return tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
-
-    @triton.jit
-    def _fold_split(part_acc_ptr, part_ml_ptr, part, m_valid, offs_d, d_valid, m_max, l_sum, o,
-                    HEAD_DIM: tl.constexpr):
-        m_s = tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
-        l_s = tl.load(part_ml_ptr + 2 * part + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
-        acc_s = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
-                        mask=m_valid[:, None] & d_valid[None, :], other=0.0, cache_modifier=".cg")
-        w = tl.exp(m_s - m_max)                          # empty splits: exp(-huge) = 0
-        return l_sum + w * l_s, o + w[:, None] * acc_s
+                 o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+        tl.store(lse_ptr + o_rows * s_lt + head * s_lh, lse, mask=m_valid)
 
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads, num_splits,

@@ -302,10 +302,12 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) ->
                                  collect="none", copy_TBps=copy_tbps, **t) for t in trials]
 
 
-def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
-    """The launch configuration per collection path (`kernels.verify_attention.launch_config`):
-    tile, warps and stages for C2Q through the first/last tile and from the main tile, beside no
-    collection, at one shape (records with `sweep: collect_tune`)."""
+def _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps, sweep,
+                         collects, configs) -> list[dict]:
+    """verify_attention at one shape for each collection path in `collects` ("none", "c2q"
+    through the first/last tile, "c2q-main" the same rows from the main tile) and each launch
+    option dict in `configs`; a config that fails (out of shared memory, a register cap too low)
+    is recorded with its error. Records carry `sweep`."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
@@ -314,29 +316,36 @@ def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
     rows = collected_rows(loc.cpu(), "c2q")
     slots = collected_row_slots(rows, batch * q_rows).to(device)
     kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
+    base = dict(kernel="verify_attention", sweep=sweep, shape=shape, batch=batch, context=context,
+                q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps)
     out = []
-    for collect in ("none", "c2q", "c2q-main"):
+    for collect in collects:
         mode = "none" if collect == "none" else rows
-        for block_n in (64, 128):
-            for warps in (4, 8):
-                for stages in (2, 3):
-                    cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages)
-                    try:
-                        us = _bench(lambda: verify_attention(
-                            q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode, max_ctx=context,
-                            max_q=q_rows, row_slot=None if collect == "none" else slots,
-                            c2q_tile=collect == "c2q", **cfg))
-                    except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record it
-                        out.append(dict(kernel="verify_attention", sweep="collect_tune", shape=shape,
-                                        collect=collect, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
-                        continue
-                    out.append(dict(kernel="verify_attention", sweep="collect_tune", shape=shape, batch=batch,
-                                    context=context, q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim,
-                                    collect=collect, config=cfg, us=us,
-                                    read_TBps=kv_bytes / (us * 1e-6) / 1e12, copy_TBps=copy_tbps))
+        for cfg in configs:
+            try:
+                us = _bench(lambda: verify_attention(
+                    q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode, max_ctx=context,
+                    max_q=q_rows, row_slot=None if collect == "none" else slots,
+                    c2q_tile=collect == "c2q", **cfg))
+            except Exception as e:  # noqa: BLE001 - e.g. out of shared memory: record it
+                out.append(dict(base, collect=collect, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
+                continue
+            out.append(dict(base, collect=collect, config=cfg, us=us,
+                            read_TBps=kv_bytes / (us * 1e-6) / 1e12,
+                            copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy_tbps))
     del k, v
     torch.cuda.empty_cache()
     return out
+
+
+def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
+    """The launch configuration per collection path (`kernels.verify_attention.launch_config`):
+    tile, warps and stages for C2Q through the first/last tile and from the main tile, beside no
+    collection, at one shape (records with `sweep: collect_tune`)."""
+    configs = [dict(block_n=block_n, num_warps=warps, num_stages=stages)
+               for block_n in (64, 128) for warps in (4, 8) for stages in (2, 3)]
+    return _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps,
+                                "collect_tune", ("none", "c2q", "c2q-main"), configs)
 
 
 def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
@@ -345,38 +354,12 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
     programs of 4 warps), then tiles and stages under a cap, for verify_attention without
     collection and with C2Q, and sparse_attention's merge and slot-addressed selection (records
     with `sweep: merge_tune`)."""
-    from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
-    heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
-    q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
-    loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
-    rows = collected_rows(loc.cpu(), "c2q")
-    slots = collected_row_slots(rows, batch * q_rows).to(device)
-    kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
-    base = dict(kernel="verify_attention", sweep="merge_tune", shape=shape, batch=batch,
-                context=context, q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim,
-                copy_TBps=copy_tbps)
-    out = []
     configs = [dict(fused_merge=fused, max_registers=regs) for fused in (False, True)
                for regs in (0, 128, 168)]
     configs += [dict(fused_merge=True, max_registers=regs, block_n=block_n, num_stages=stages)
                 for regs in (144, 168) for block_n, stages in ((64, 2), (128, 3), (64, 3))]
-    for collect in ("none", "c2q"):
-        mode = "none" if collect == "none" else rows
-        for cfg in configs:
-            try:
-                us = _bench(lambda: verify_attention(
-                    q, k, v, tables, ctx, loc, dim ** -0.5, collect=mode, max_ctx=context,
-                    max_q=q_rows, row_slot=None if collect == "none" else slots,
-                    c2q_tile=collect == "c2q", **cfg))
-            except Exception as e:  # noqa: BLE001 - e.g. a cap too low to compile: record it
-                out.append(dict(base, collect=collect, config=cfg, error=f"{type(e).__name__}: {e}"[:200]))
-                continue
-            out.append(dict(base, collect=collect, config=cfg, us=us,
-                            read_TBps=kv_bytes / (us * 1e-6) / 1e12,
-                            copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy_tbps))
-    del k, v
-    torch.cuda.empty_cache()
+    out = _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps,
+                               "merge_tune", ("none", "c2q"), configs)
     for fused, by_slot in ((False, False), (True, False), (False, True)):
         rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
                             fused_merge=fused, slots=by_slot)
