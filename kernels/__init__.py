@@ -13,7 +13,7 @@ GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend
 - `fused`: the decoder layer's element-wise work in three launches (residual add + RMSNorm,
   rotary + K/V pool write, SiLU * up), for the GPU path's CUDA graphs;
 - `split_merge`: flash-decoding's split merge done by the last split to finish (arrival
-  counters), and the merge arithmetic both attention kernels share.
+  counters), and the merge arithmetic verify_attention's two merges share.
 
 CI runs each against its reference under TRITON_INTERPRET=1 (tests/kernels); on a GPU the same
 tests run compiled with TRITON_INTERPRET=0. `python -m vegas_core.bench kernels` times them.

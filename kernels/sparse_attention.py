@@ -44,13 +44,9 @@ from __future__ import annotations
 
 import torch
 
-from .split_merge import arrival_counters
-
 try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
-
-    from .split_merge import last_to_arrive, merge_partials
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -127,7 +123,7 @@ if triton is not None:
 
     @triton.jit
     def _sparse_attention_kernel(
-            q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr, arrive_ptr,
+            q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
             tables_ptr, ctx_ptr, idx_ptr, cnt_ptr, tail_ptr, scale, num_splits,
             s_qb, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
@@ -138,15 +134,12 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            FUSED_MERGE: tl.constexpr, PRECISION: tl.constexpr, SLOTS: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            PRECISION: tl.constexpr, SLOTS: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
-        (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32), and with
-        FUSED_MERGE the last split of the (request, KV head) to finish merges them
-        (`kernels.split_merge`). num_splits is a runtime value so that batch-size-dependent
-        choices do not recompile."""
+        (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
+        is a runtime value so that batch-size-dependent choices do not recompile."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -204,23 +197,6 @@ if triton is not None:
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=m_valid)
-            if FUSED_MERGE:
-                if last_to_arrive(arrive_ptr + req * tl.num_programs(1) + kvh, num_splits):
-                    _merge_heads(part_acc_ptr, part_ml_ptr, out_ptr + req * s_ob, head, m_valid,
-                                 offs_d, row - split, num_splits, s_oh, s_od, HEAD_DIM, BLOCK_M,
-                                 BLOCK_D, INTERPRET)
-
-    @triton.jit
-    def _merge_heads(part_acc_ptr, part_ml_ptr, out_row_ptr, head, m_valid, offs_d, row0,
-                     num_splits, s_oh, s_od, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
-        """Merge and store the splits of the program's query heads (partial rows ``row0 +
-        split``, `merge_partials`)."""
-        d_valid = offs_d < HEAD_DIM
-        o, _ = merge_partials(part_acc_ptr, part_ml_ptr, row0, 1, num_splits, m_valid, offs_d,
-                              d_valid, BLOCK_D, BLOCK_M, BLOCK_D, INTERPRET)
-        tl.store(out_row_ptr + head[:, None] * s_oh + offs_d[None, :] * s_od,
-                 o.to(out_row_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
 
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_od, heads,
@@ -269,14 +245,14 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
-                     fused_merge: bool = False, slots: bool = False):
+                     slots: bool = False):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
-    kernel, or with ``fused_merge`` by the last split to finish (`kernels.split_merge`). The
-    default is the second kernel: at batch 64 x 8K, 7 % the two took 14.8 and 14.9 us (SmolLM2),
-    56.7 and 56.9 (8B-like) (`sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json):
-    in a 15 us kernel the last program's merge is as long as the merge kernel.
+    kernel. (Merging in the last split to finish, as verify_attention does, measured 14.9 against
+    14.8 us for SmolLM2 and 56.9 against 56.7 for the 8B-like shape at batch 64 x 8K, 7 %:
+    `sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json; in a 15 us kernel the
+    last program's merge is as long as the merge kernel, so it was not kept.)
 
     ``slots``: ``indices`` hold pool slots (``page * block_size + offset``, `positions_to_slots`)
     instead of positions, so a selected entry's gather skips the block-table load (the tail still
@@ -308,17 +284,14 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
-    fused_merge = fused_merge and num_splits > 1
-    counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     _sparse_attention_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_ml, counters,
+        q, k_cache, v_cache, out, part_acc, part_ml,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, FUSED_MERGE=fused_merge, PRECISION=precision, SLOTS=slots,
-        INTERPRET=_interpreting())
-    if num_splits > 1 and not fused_merge:
+        SPLIT=num_splits > 1, PRECISION=precision, SLOTS=slots, INTERPRET=_interpreting())
+    if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),

@@ -129,22 +129,6 @@ def test_block_n_and_splits_independent():
         torch.testing.assert_close(out, ref, **TOL)
 
 
-def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed():
-    """The last split merges (kernels.split_merge): the same answers as the separate merge
-    kernel (request 2's list of 9 entries leaves 3 of 4 splits empty), the shared arrival counters
-    zero again after each call, and the same bits on a second call."""
-    from kernels.split_merge import arrival_counters
-    args = make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 9, 3, 16, per_head=True, seed=4)
-    ref = sparse_attention_reference(*args)
-    outs = []
-    for fused in (True, False, True):
-        out = sparse_attention(*args, block_n=16, num_splits=4, fused_merge=fused)
-        torch.testing.assert_close(out, ref, **TOL)
-        assert not arrival_counters(out.device, 3 * 3).any()
-        outs.append(out)
-    assert torch.equal(outs[0], outs[2])
-
-
 @pytest.mark.parametrize("per_head", [False, True])
 def test_slot_addressed_selection_gives_the_same_bits(per_head):
     """Selected entries given as pool slots (`positions_to_slots`, the table lookup done once per

@@ -58,8 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-tune", action=argparse.BooleanOptionalAction, default=False,
                    help="sweep sparse_attention's tile and split count at the sweep shape")
     p.add_argument("--merge-tune", action=argparse.BooleanOptionalAction, default=False,
-                   help="time the fused split merge against the merge kernel, and register caps "
-                        "(occupancy), for verify_attention (none, c2q) and sparse_attention")
+                   help="time verify_attention's fused split merge against the merge kernel and "
+                        "register caps (occupancy), without collection and with C2Q, and "
+                        "sparse_attention with slot-addressed selections")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -183,8 +184,7 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None, fused_merge: bool = False,
-                  slots: bool = False):
+                  block_n: int = 32, num_splits: int | None = None, slots: bool = False):
     """`slots`: the selection converted to pool slots first (`positions_to_slots`, timed apart
     as `convert_us`: an engine would convert once per selection, not per draft step)."""
     from kernels.sparse_attention import positions_to_slots, sparse_attention
@@ -202,8 +202,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
         convert_us = _bench(lambda: positions_to_slots(idx, tables, block_size))
         idx = positions_to_slots(idx, tables, block_size)
     us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
-                                         block_n=block_n, num_splits=num_splits,
-                                         fused_merge=fused_merge, slots=slots))
+                                         block_n=block_n, num_splits=num_splits, slots=slots))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -352,18 +351,18 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
     """The split merge inside the kernel (last split merges) against the separate merge kernel,
     and register caps (Triton's maxnreg: 0 none; 128, 144 and 168 let an SM hold 4, 3 and 3
     programs of 4 warps), then tiles and stages under a cap, for verify_attention without
-    collection and with C2Q, and sparse_attention's merge and slot-addressed selection (records
-    with `sweep: merge_tune`)."""
+    collection and with C2Q, and sparse_attention with positions against slot-addressed
+    selections (records with `sweep: merge_tune`)."""
     configs = [dict(fused_merge=fused, max_registers=regs) for fused in (False, True)
                for regs in (0, 128, 168)]
     configs += [dict(fused_merge=True, max_registers=regs, block_n=block_n, num_stages=stages)
                 for regs in (144, 168) for block_n, stages in ((64, 2), (128, 3), (64, 3))]
     out = _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps,
                                "merge_tune", ("none", "c2q"), configs)
-    for fused, by_slot in ((False, False), (True, False), (False, True)):
+    for by_slot in (False, True):
         rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
-                            fused_merge=fused, slots=by_slot)
-        rec.update(sweep="merge_tune", config=dict(fused_merge=fused, slots=by_slot))
+                            slots=by_slot)
+        rec.update(sweep="merge_tune", config=dict(slots=by_slot))
         out.append(rec)
     for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q"),
                             ("sparse_attention", "none")):
