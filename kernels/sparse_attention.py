@@ -134,14 +134,23 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            PRECISION: tl.constexpr, SLOTS: tl.constexpr, INTERPRET: tl.constexpr):
+            PRECISION: tl.constexpr, SLOTS: tl.constexpr, HEADS_FIRST: tl.constexpr,
+            INTERPRET: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
         (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
-        is a runtime value so that batch-size-dependent choices do not recompile."""
-        req = tl.program_id(0)
-        kvh = tl.program_id(1)
+        is a runtime value so that batch-size-dependent choices do not recompile. HEADS_FIRST puts
+        the KV head on grid axis 0: the KV heads of one (request, split) start together and, with
+        one selection for all heads, gather the neighbouring 128-byte runs of the same slots."""
+        if HEADS_FIRST:
+            kvh = tl.program_id(0)
+            req = tl.program_id(1)
+            num_kv_heads = tl.num_programs(0)
+        else:
+            req = tl.program_id(0)
+            kvh = tl.program_id(1)
+            num_kv_heads = tl.num_programs(1)
         split = tl.program_id(2)
         ctx = tl.load(ctx_ptr + req)
         count = tl.load(cnt_ptr + req)
@@ -192,7 +201,7 @@ if triton is not None:
             tl.store(out_ptr + req * s_ob + head[:, None] * s_oh + offs_d[None, :] * s_od,
                      o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
         else:
-            row = (req * (GROUP * tl.num_programs(1)) + head).to(tl.int64) * num_splits + split
+            row = (req * (GROUP * num_kv_heads) + head).to(tl.int64) * num_splits + split
             tl.store(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc,
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
@@ -245,7 +254,8 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
-                     slots: bool = False):
+                     slots: bool = False, heads_first: bool = False, num_warps: int = 4,
+                     num_stages: int = 3):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
@@ -257,7 +267,10 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     ``slots``: ``indices`` hold pool slots (``page * block_size + offset``, `positions_to_slots`)
     instead of positions, so a selected entry's gather skips the block-table load (the tail still
     reads it). An engine selects once per iteration and drafts gamma times from that selection,
-    so converting once takes one dependent load out of every draft step's gather chain."""
+    so converting once takes one dependent load out of every draft step's gather chain.
+
+    ``heads_first`` orders the grid (KV head, request, split); ``num_warps`` and ``num_stages``
+    are Triton's (4 and 3 were its defaults when the tile and splits were tuned)."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -284,13 +297,15 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
-    _sparse_attention_kernel[(batch, kv_heads, num_splits)](
+    grid = (kv_heads, batch, num_splits) if heads_first else (batch, kv_heads, num_splits)
+    _sparse_attention_kernel[grid](
         q, k_cache, v_cache, out, part_acc, part_ml,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, PRECISION=precision, SLOTS=slots, INTERPRET=_interpreting())
+        SPLIT=num_splits > 1, PRECISION=precision, SLOTS=slots, HEADS_FIRST=bool(heads_first),
+        INTERPRET=_interpreting(), num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,

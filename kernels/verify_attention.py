@@ -53,6 +53,7 @@ class LaunchConfig(NamedTuple):
     num_stages: int
     fused_merge: bool    # the last split merges (kernels.split_merge), not a second kernel
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
+    heads_first: bool = False   # grid axis 0 is the KV head (see _verify_attention_kernel)
 
 
 def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> LaunchConfig:
@@ -172,18 +173,29 @@ if triton is not None:
     @triton.jit
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                  s_vb, s_vt, s_vh, s_vd, s_tb, block_size,
-                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr):
-        """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table."""
+                 BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                 MASKED: tl.constexpr):
+        """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table.
+        Without MASKED every key is below `ctx` (the caller's promise) and no load is masked."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         pos = start + offs_n
         n_valid = pos < ctx
-        page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
+        if MASKED:
+            page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
+        else:
+            page = tl.load(tables_ptr + req * s_tb + pos // block_size)
         base_k = page.to(tl.int64) * s_kb + (pos % block_size) * s_kt + kvh * s_kh
         base_v = page.to(tl.int64) * s_vb + (pos % block_size) * s_vt + kvh * s_vh
-        kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask, other=0.0)
-        v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
+        if MASKED or BLOCK_D != HEAD_DIM:
+            kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+            k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask,
+                             other=0.0)
+            v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd, mask=kv_mask,
+                             other=0.0)
+        else:
+            k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd)
+            v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd)
         return pos, n_valid, k_tile, v_tile
 
     @triton.jit
@@ -198,27 +210,34 @@ if triton is not None:
                      logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
                      s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     COLLECT: tl.constexpr, PRECISION: tl.constexpr):
+                     COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
         and fold into the online-softmax state (m_i, l_i, acc).
 
         COLLECT 1 stores the main tile's scores for the rows with a slot (any row set); COLLECT 2
         scores the first and last rows' heads again in a small tile of their own (q_c) and stores
         only that: for Collect-2-Query the masked store of the whole BLOCK_M tile is most of the
-        collection's cost, and one more small dot is cheap next to the K/V gather."""
+        collection's cost, and one more small dot is cheap next to the K/V gather.
+
+        Without MASKED the tile is one every row sees whole (all keys before the request's first
+        new row and inside the split): no causal, context or padded-row mask, which at 8 rows is
+        a good part of the tile's ALU work. Padded rows then hold finite scores of a zero query;
+        they are never stored, and visible entries get the same bits either way."""
         pos, n_valid, k_tile, v_tile = _load_kv(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-            s_vb, s_vt, s_vh, s_vd, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM)
+            s_vb, s_vt, s_vh, s_vd, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
-        visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
-        s = tl.where(visible, s, float("-inf"))
+        if MASKED:
+            visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
+            s = tl.where(visible, s, float("-inf"))
         if COLLECT == 1:
             _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
                           s_gr, s_gh, s_gc)
         if COLLECT == 2:
             s_c = tl.dot(q_c, tl.trans(k_tile), input_precision=PRECISION) * scale
-            s_c = tl.where((pos[None, :] <= row_pos_c[:, None]) & n_valid[None, :], s_c,
-                           float("-inf"))
+            if MASKED:
+                s_c = tl.where((pos[None, :] <= row_pos_c[:, None]) & n_valid[None, :], s_c,
+                               float("-inf"))
             _store_logits(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid, s_gr, s_gh, s_gc)
 
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -267,7 +286,8 @@ if triton is not None:
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            HEADS_FIRST: tl.constexpr, UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr,
+            INTERPRET: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -277,9 +297,17 @@ if triton is not None:
         nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
-        `_merge_splits_kernel` does, launched after."""
-        req = tl.program_id(0)
-        kvh = tl.program_id(1)
+        `_merge_splits_kernel` does, launched after. HEADS_FIRST puts the KV head on grid axis
+        0, so the KV heads of one (request, split) are neighbouring programs that start together
+        and read the interleaved 128-byte runs of the same pages side by side."""
+        if HEADS_FIRST:
+            kvh = tl.program_id(0)
+            req = tl.program_id(1)
+            num_kv_heads = tl.num_programs(0)
+        else:
+            req = tl.program_id(0)
+            kvh = tl.program_id(1)
+            num_kv_heads = tl.num_programs(1)
         q_start = tl.load(qloc_ptr + req)
         q_len = tl.load(qloc_ptr + req + 1) - q_start
         ctx = tl.load(ctx_ptr + req)
@@ -320,26 +348,47 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)          # finite: padded rows stay NaN-free
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # Tiles [lo, mid) are seen whole by every row (keys up to the first new row's position,
+        # inside the split): unmasked; [mid, hi) keep the causal and context masks.
+        mid = lo
+        if UNMASKED_TILES:   # False masks every tile (the A/B in the kernel benchmark)
+            full_end = tl.minimum(hi, ctx - q_len + 1)
+            mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         if INTERPRET:
             # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
-            # (its __index__ calls int() on a 1-element array); a while loop evaluates the same.
+            # (its __index__ calls int() on a 1-element array); while loops evaluate the same.
             start = lo
+            while start < mid:
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+                start += BLOCK_N
             while start < hi:
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
                 start += BLOCK_N
         else:
-            for start in range(lo, hi, BLOCK_N):
+            for start in range(lo, mid, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+            for start in range(mid, hi, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -361,7 +410,7 @@ if triton is not None:
             tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
             tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
             if FUSED_MERGE:
-                if last_to_arrive(cnt_ptr + req * tl.num_programs(1) + kvh, num_splits):
+                if last_to_arrive(cnt_ptr + req * num_kv_heads + kvh, num_splits):
                     _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid,
                                 offs_d, d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od,
                                 s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET)
@@ -434,7 +483,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
-                     max_registers: int | None = None):
+                     max_registers: int | None = None, heads_first: bool | None = None,
+                     unmasked_tiles: bool = True):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -476,7 +526,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           out, lse, max_q=max_q, num_splits=num_splits, logits=logits,
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
-                          fused_merge=fused_merge, max_registers=max_registers)
+                          fused_merge=fused_merge, max_registers=max_registers,
+                          heads_first=heads_first, unmasked_tiles=unmasked_tiles)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -485,7 +536,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
                           block_n: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, fused_merge: bool | None = None,
-                          max_registers: int | None = None) -> None:
+                          max_registers: int | None = None, heads_first: bool | None = None,
+                          unmasked_tiles: bool = True) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -498,7 +550,10 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     ``fused_merge``: the last split of each (request, KV head) merges the splits
     (`kernels.split_merge`); False launches `_merge_splits_kernel` after. ``max_registers`` caps
     registers per thread (Triton's ``maxnreg``; 0: no cap), which sets how many programs an SM
-    holds. Both, like the tile, warps and stages, default to `launch_config`'s."""
+    holds. ``heads_first`` orders the grid (KV head, request, split) instead of (request, KV
+    head, split). All of these, like the tile, warps and stages, default to `launch_config`'s.
+    ``unmasked_tiles`` False masks every tile, as before tiles that every row sees whole were
+    split off (for the benchmark's A/B; the same output either way)."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -512,6 +567,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
     max_registers = cfg.max_registers if max_registers is None else max_registers
+    heads_first = cfg.heads_first if heads_first is None else heads_first
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -527,14 +583,16 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
-    _verify_attention_kernel[(batch, kv_heads, num_splits)](
+    grid = (kv_heads, batch, num_splits) if heads_first else (batch, kv_heads, num_splits)
+    _verify_attention_kernel[grid](
         q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
         block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
-        FUSED_MERGE=fused_merge, PRECISION=precision, INTERPRET=_interpreting(),
+        FUSED_MERGE=fused_merge, HEADS_FIRST=bool(heads_first),
+        UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision, INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](

@@ -12,6 +12,8 @@
 #            concurrency)
 #   merge    the fused split merge vs the merge kernel and register caps (--merge-tune), with that
 #            shape's kernel table
+#   order    verify_attention's unmasked tiles and grid order, sparse_attention's grid order, slots,
+#            stages and warps (--order-tune), with that shape's kernel table
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
@@ -36,6 +38,8 @@ for stage in "$@"; do
              tests/kernels/test_sparse_attention.py ;;
     merge) mkdir -p "$OUT/results/merge"; TAIL=14 step merge 240 python3 -m vegas_core.bench kernels \
              --batch 64 --context 8192 --sweep-rows 8 --no-tune --merge-tune --out "$OUT/results/merge" ;;
+    order) mkdir -p "$OUT/results/order"; TAIL=16 step order 300 python3 -m vegas_core.bench kernels \
+             --batch 64 --context 8192 --sweep-rows 8 --no-tune --order-tune --out "$OUT/results/order" ;;
     select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;

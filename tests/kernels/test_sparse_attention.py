@@ -151,6 +151,18 @@ def test_slot_addressed_selection_gives_the_same_bits(per_head):
         torch.testing.assert_close(by_slot, sparse_attention_reference(*args), **TOL)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+def test_grid_order_gives_the_same_bits(per_head):
+    """The KV head first on the grid (`heads_first`) computes the same programs: the same bits,
+    split and unsplit (the partial buffers are indexed by request and head, not by grid axis)."""
+    args = make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 6, 2, 16, per_head=per_head,
+                     block_size=8, seed=8)
+    for splits in (1, 3):
+        want = sparse_attention(*args, block_n=16, num_splits=splits)
+        got = sparse_attention(*args, block_n=16, num_splits=splits, heads_first=True)
+        assert torch.equal(got, want)
+
+
 def test_rejects_bad_group_count():
     args = list(make_case([20], [2], [5], 6, 3, 16, max_k=8))
     args[5] = args[5].expand(1, 2, 8).contiguous()                    # G = 2, neither 1 nor KVH = 3

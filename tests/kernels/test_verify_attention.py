@@ -78,6 +78,30 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             check_logits(logits, ref_logits)
 
 
+@pytest.mark.parametrize("collect", ["none", "c2q", "all"])
+def test_unmasked_tiles_and_grid_order_give_the_same_bits(collect):
+    """Tiles every row sees whole skip the masks (`unmasked_tiles`), and the grid may put the KV
+    head first (`heads_first`, with the fused merge's per-(request, KV head) counters): the same
+    bits as masking every tile in the usual grid order, over requests whose contexts hold several
+    whole tiles before the first new row (70 keys, 17 rows: 48 unmasked), none (ctx == q_len) and
+    splits that end inside the masked part."""
+    args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, 16, seed=13)
+    ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+    for splits in (1, 3):
+        kw = dict(collect=collect, num_splits=splits, block_n=16, fused_merge=True)
+        base = verify_attention(*args, unmasked_tiles=False, heads_first=False, **kw)
+        for unmasked, first in ((True, False), (True, True), (False, True)):
+            out, lse, logits = verify_attention(*args, unmasked_tiles=unmasked, heads_first=first,
+                                                **kw)
+            assert torch.equal(out, base[0]) and torch.equal(lse, base[1])
+            if collect != "none":
+                assert torch.equal(logits.logits, base[2].logits)
+        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+        if collect != "none":
+            check_logits(logits, ref_logits)
+
+
 def test_c2q_tile_collects_an_explicit_first_last_subset():
     """A batch mixing policies: request 0 collects nothing, 1 its only row, 2 its first row only,
     3 its first and last. The small first/last tile stores exactly those rows (every other row of

@@ -61,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="time verify_attention's fused split merge against the merge kernel and "
                         "register caps (occupancy), without collection and with C2Q, and "
                         "sparse_attention with slot-addressed selections")
+    p.add_argument("--order-tune", action=argparse.BooleanOptionalAction, default=False,
+                   help="time verify_attention with and without its unmasked tiles and in both "
+                        "grid orders (at --q-rows and 1 row), and sparse_attention's grid order, "
+                        "slot addressing, stages and warps")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -184,9 +188,11 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None, slots: bool = False):
+                  block_n: int = 32, num_splits: int | None = None, slots: bool = False,
+                  **launch):
     """`slots`: the selection converted to pool slots first (`positions_to_slots`, timed apart
-    as `convert_us`: an engine would convert once per selection, not per draft step)."""
+    as `convert_us`: an engine would convert once per selection, not per draft step). `launch`:
+    sparse_attention's other options (heads_first, num_warps, num_stages), recorded as given."""
     from kernels.sparse_attention import positions_to_slots, sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
@@ -202,7 +208,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
         convert_us = _bench(lambda: positions_to_slots(idx, tables, block_size))
         idx = positions_to_slots(idx, tables, block_size)
     us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
-                                         block_n=block_n, num_splits=num_splits, slots=slots))
+                                         block_n=block_n, num_splits=num_splits, slots=slots,
+                                         **launch))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -211,7 +218,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
-                block_n=block_n, num_splits=num_splits, slots=slots, convert_us=convert_us)
+                block_n=block_n, num_splits=num_splits, slots=slots, convert_us=convert_us,
+                launch=launch or None)
 
 
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
@@ -373,6 +381,43 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
     return out
 
 
+def tune_order(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
+    """A/B of two launch changes in one run (records with `sweep: order_tune`):
+    verify_attention with tiles that every row sees whole left unmasked or not, in the grid
+    orders (request, KV head, split) and (KV head, request, split), without collection and with
+    C2Q, at `q_rows` rows and at the one row of a plain decode step; sparse_attention in both grid
+    orders, by positions and by slots, and with other stages and warps."""
+    configs = [dict(unmasked_tiles=unmasked, heads_first=first)
+               for unmasked in (False, True) for first in (False, True)]
+    out = []
+    for rows in sorted({q_rows, 1}):
+        out += _time_verify_configs(shape, batch, context, rows, block_size, device, copy_tbps,
+                                    "order_tune", ("none", "c2q"), configs)
+    launches = [dict(heads_first=first) for first in (False, True)]
+    launches += [dict(heads_first=True, num_stages=stages) for stages in (2, 4)]
+    launches += [dict(heads_first=True, num_warps=2), dict(heads_first=True, num_warps=2,
+                                                            num_stages=4)]
+    for by_slot in (False, True):
+        for launch in launches:
+            rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device,
+                                copy_tbps, slots=by_slot, **launch)
+            rec.update(sweep="order_tune", config=dict(slots=by_slot, **launch))
+            out.append(rec)
+    for splits in (3, 5, 6):
+        rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
+                            slots=True, num_splits=splits, heads_first=True)
+        rec.update(sweep="order_tune", config=dict(slots=True, heads_first=True, num_splits=splits))
+        out.append(rec)
+    for kernel, collect, rows in (("verify_attention", "none", q_rows), ("verify_attention", "c2q", q_rows),
+                                  ("verify_attention", "none", 1), ("sparse_attention", "none", 1)):
+        ok = [r for r in out if r["kernel"] == kernel and r.get("collect") == collect and "us" in r
+              and r["q_rows"] == rows]
+        best = min(ok, key=lambda r: r["us"])
+        print(f"order_tune {shape} {kernel} {collect} rows {rows}: " + ", ".join(
+            f"{r['config']} {r['us']:.1f} us" for r in ok) + f"; best {best['config']}")
+    return out
+
+
 def quest_record(shape, batch, context, block_size, device, copy_tbps):
     from kernels.select import quest_page_scores, quest_positions, quest_sizes
     heads, kvh, dim, _ = SHAPES[shape]
@@ -431,6 +476,10 @@ def run(args, argv: list[str]) -> str:
     if args.merge_tune:
         for shape in args.shapes:
             records += tune_merge(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
+                                  args.block_size, device, copy_tbps)
+    if args.order_tune:
+        for shape in args.shapes:
+            records += tune_order(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
                                   args.block_size, device, copy_tbps)
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
