@@ -85,11 +85,10 @@ if triton is not None:
                      count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
                      s_ib, s_ig, s_ik, s_tb, block_size,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     PRECISION: tl.constexpr, SLOTS: tl.constexpr):
+                     PRECISION: tl.constexpr):
         """Entries ``[j0, j0 + BLOCK_N)`` of the virtual list (selected, then tail), clipped to
         ``end``: resolve positions, gather K/V through the block table, score, fold into the
-        online-softmax state (m_i, l_i, acc). With SLOTS the selected entries are pool slots
-        already (page * block_size + offset): only the tail goes through the table."""
+        online-softmax state (m_i, l_i, acc)."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
@@ -99,13 +98,8 @@ if triton is not None:
         sel = tl.load(idx_ptr + req * s_ib + kvh * s_ig + j * s_ik, mask=is_sel, other=0)
         pos = tl.where(is_sel, sel, base + (j - count))
         pos = tl.where(n_valid, pos, 0)
-        if SLOTS:
-            tail_page = tl.load(tables_ptr + req * s_tb + pos // block_size,
-                                mask=n_valid & ~is_sel, other=0)
-            page = tl.where(is_sel, pos // block_size, tail_page)
-        else:
-            page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
-        off = pos % block_size                  # a slot's offset in its page is its position's
+        page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
+        off = pos % block_size
         base_k = page.to(tl.int64) * s_kb + off * s_kt + kvh * s_kh
         base_v = page.to(tl.int64) * s_vb + off * s_vt + kvh * s_vh
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -134,23 +128,14 @@ if triton is not None:
             block_size,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            PRECISION: tl.constexpr, SLOTS: tl.constexpr, HEADS_FIRST: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
         (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
-        is a runtime value so that batch-size-dependent choices do not recompile. HEADS_FIRST puts
-        the KV head on grid axis 0: the KV heads of one (request, split) start together and, with
-        one selection for all heads, gather the neighbouring 128-byte runs of the same slots."""
-        if HEADS_FIRST:
-            kvh = tl.program_id(0)
-            req = tl.program_id(1)
-            num_kv_heads = tl.num_programs(0)
-        else:
-            req = tl.program_id(0)
-            kvh = tl.program_id(1)
-            num_kv_heads = tl.num_programs(1)
+        is a runtime value so that batch-size-dependent choices do not recompile."""
+        req = tl.program_id(0)
+        kvh = tl.program_id(1)
         split = tl.program_id(2)
         ctx = tl.load(ctx_ptr + req)
         count = tl.load(cnt_ptr + req)
@@ -184,16 +169,14 @@ if triton is not None:
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
-                    SLOTS)
+                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
                 j0 += BLOCK_N
         else:
             for j0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION,
-                    SLOTS)
+                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
 
         if not SPLIT:
             l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -201,7 +184,7 @@ if triton is not None:
             tl.store(out_ptr + req * s_ob + head[:, None] * s_oh + offs_d[None, :] * s_od,
                      o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
         else:
-            row = (req * (GROUP * num_kv_heads) + head).to(tl.int64) * num_splits + split
+            row = (req * (GROUP * tl.num_programs(1)) + head).to(tl.int64) * num_splits + split
             tl.store(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc,
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
@@ -254,8 +237,7 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
-                     slots: bool = False, heads_first: bool = False, num_warps: int = 4,
-                     num_stages: int = 3):
+                     num_warps: int = 4, num_stages: int | None = None):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
@@ -264,13 +246,12 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     `sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json; in a 15 us kernel the
     last program's merge is as long as the merge kernel, so it was not kept.)
 
-    ``slots``: ``indices`` hold pool slots (``page * block_size + offset``, `positions_to_slots`)
-    instead of positions, so a selected entry's gather skips the block-table load (the tail still
-    reads it). An engine selects once per iteration and drafts gamma times from that selection,
-    so converting once takes one dependent load out of every draft step's gather chain.
-
-    ``heads_first`` orders the grid (KV head, request, split); ``num_warps`` and ``num_stages``
-    are Triton's (4 and 3 were its defaults when the tile and splits were tuned)."""
+    ``num_stages`` (Triton's software pipelining of the gather) defaults to 2 at head dim <= 64
+    and 4 above: 13.9 and 52.3 us against 14.7 and 57.0 with Triton's default 3 at batch 64 x 8K,
+    7 % (`sweep: order_tune`, bench/results/kernels-2026-12-01-h200-order.json). The same run
+    measured no gain from a grid with the KV head first (14.7 / 57.0 us either way) and, at head
+    dim 64, none from slot-addressed selections that skip the block-table load (15.1 us; at 128
+    they matched 4 stages, 52.4), so neither was kept."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -297,30 +278,19 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
-    grid = (kv_heads, batch, num_splits) if heads_first else (batch, kv_heads, num_splits)
-    _sparse_attention_kernel[grid](
+    if num_stages is None:
+        num_stages = 2 if dim <= 64 else 4
+    _sparse_attention_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_ml,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, PRECISION=precision, SLOTS=slots, HEADS_FIRST=bool(heads_first),
-        INTERPRET=_interpreting(), num_warps=num_warps, num_stages=num_stages)
+        SPLIT=num_splits > 1, PRECISION=precision, INTERPRET=_interpreting(),
+        num_warps=num_warps, num_stages=num_stages)
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
             HEAD_DIM=dim, BLOCK_D=block_d)
     return out
-
-
-def positions_to_slots(indices: torch.Tensor, block_tables: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Pool slots of selected positions: ``indices`` int32 ``[B, G, K]`` (positions of request
-    ``b``), ``block_tables`` int32 ``[B, max_blocks]``; returns int32 ``[B, G, K]`` with
-    ``block_tables[b, p // block_size] * block_size + p % block_size``. Padding entries, which
-    may hold anything, are clamped into the table (and stay unread, as before)."""
-    b, g, k = indices.shape
-    pos = indices.long().clamp_min(0)
-    page_idx = (pos // block_size).clamp_max(block_tables.shape[1] - 1)   # padding may be anything
-    pages = torch.gather(block_tables.long(), 1, page_idx.view(b, g * k)).view(b, g, k)
-    return (pages * block_size + pos % block_size).to(torch.int32)

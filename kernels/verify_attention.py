@@ -53,7 +53,7 @@ class LaunchConfig(NamedTuple):
     num_stages: int
     fused_merge: bool    # the last split merges (kernels.split_merge), not a second kernel
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
-    heads_first: bool = False   # grid axis 0 is the KV head (see _verify_attention_kernel)
+    unmasked_tiles: bool  # tiles every row sees whole skip the masks (_attend_tile)
 
 
 def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> LaunchConfig:
@@ -80,15 +80,24 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> Launch
       collect_rows`) against 228 and 1,077 us with the merge kernel and no cap
       (kernels-2026-12-01-h200-target.json), so that tile keeps the latter (not re-measured with
       the one-program-per-row merge kernel). Without collection the cap still pays there at
-      head dim 64 (165 against 194 us)."""
+      head dim 64 (165 against 194 us);
+    - unmasked tiles (`sweep: order_tune`, kernels-2026-12-01-h200-order.json, A/B in one run):
+      at head dim 128 every path gains (8 rows: none 621.5 -> 543.3 us, 82 -> 94 % of copy; C2Q
+      846.5 -> 704.1; 1 row 533.6 -> 504.5; all-row 1,157 -> 963 against the earlier run), so
+      they are on there. At 64 only C2Q gains (162.0 -> 156.2); no collection loses a little
+      (8 rows 135.0 -> 136.7, 1 row 119.8 -> 122.9) and the main-tile store a lot (all-row 269
+      -> 331 against the earlier run), so those keep masking every tile. Collecting still never changes the output: a
+      tile's visible entries get the same bits masked or not."""
     small = head_dim <= 64
     if collect_mode == 0:
-        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=168 if small else 0)
+        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=168 if small else 0,
+                            unmasked_tiles=not small)
     if collect_mode == 2:
         capped = block_m <= 32
         return LaunchConfig(128 if small else 64, 4, 2, fused_merge=capped,
-                            max_registers=(168 if small else 128) if capped else 0)
-    return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0)
+                            max_registers=(168 if small else 128) if capped else 0,
+                            unmasked_tiles=True)
+    return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=not small)
 
 
 class CollectedLogits(NamedTuple):
@@ -286,8 +295,7 @@ if triton is not None:
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-            HEADS_FIRST: tl.constexpr, UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -297,17 +305,9 @@ if triton is not None:
         nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
-        `_merge_splits_kernel` does, launched after. HEADS_FIRST puts the KV head on grid axis
-        0, so the KV heads of one (request, split) are neighbouring programs that start together
-        and read the interleaved 128-byte runs of the same pages side by side."""
-        if HEADS_FIRST:
-            kvh = tl.program_id(0)
-            req = tl.program_id(1)
-            num_kv_heads = tl.num_programs(0)
-        else:
-            req = tl.program_id(0)
-            kvh = tl.program_id(1)
-            num_kv_heads = tl.num_programs(1)
+        `_merge_splits_kernel` does, launched after."""
+        req = tl.program_id(0)
+        kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
         q_len = tl.load(qloc_ptr + req + 1) - q_start
         ctx = tl.load(ctx_ptr + req)
@@ -351,7 +351,7 @@ if triton is not None:
         # Tiles [lo, mid) are seen whole by every row (keys up to the first new row's position,
         # inside the split): unmasked; [mid, hi) keep the causal and context masks.
         mid = lo
-        if UNMASKED_TILES:   # False masks every tile (the A/B in the kernel benchmark)
+        if UNMASKED_TILES:
             full_end = tl.minimum(hi, ctx - q_len + 1)
             mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         if INTERPRET:
@@ -410,7 +410,7 @@ if triton is not None:
             tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
             tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
             if FUSED_MERGE:
-                if last_to_arrive(cnt_ptr + req * num_kv_heads + kvh, num_splits):
+                if last_to_arrive(cnt_ptr + req * tl.num_programs(1) + kvh, num_splits):
                     _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid,
                                 offs_d, d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od,
                                 s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET)
@@ -483,8 +483,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
-                     max_registers: int | None = None, heads_first: bool | None = None,
-                     unmasked_tiles: bool = True):
+                     max_registers: int | None = None, unmasked_tiles: bool | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -527,7 +526,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          heads_first=heads_first, unmasked_tiles=unmasked_tiles)
+                          unmasked_tiles=unmasked_tiles)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -536,8 +535,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
                           block_n: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, fused_merge: bool | None = None,
-                          max_registers: int | None = None, heads_first: bool | None = None,
-                          unmasked_tiles: bool = True) -> None:
+                          max_registers: int | None = None,
+                          unmasked_tiles: bool | None = None) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -550,10 +549,9 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     ``fused_merge``: the last split of each (request, KV head) merges the splits
     (`kernels.split_merge`); False launches `_merge_splits_kernel` after. ``max_registers`` caps
     registers per thread (Triton's ``maxnreg``; 0: no cap), which sets how many programs an SM
-    holds. ``heads_first`` orders the grid (KV head, request, split) instead of (request, KV
-    head, split). All of these, like the tile, warps and stages, default to `launch_config`'s.
-    ``unmasked_tiles`` False masks every tile, as before tiles that every row sees whole were
-    split off (for the benchmark's A/B; the same output either way)."""
+    holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
+    False masks every tile (the same output either way). All of these, like the tile, warps and
+    stages, default to `launch_config`'s."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -567,7 +565,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
     max_registers = cfg.max_registers if max_registers is None else max_registers
-    heads_first = cfg.heads_first if heads_first is None else heads_first
+    unmasked_tiles = cfg.unmasked_tiles if unmasked_tiles is None else unmasked_tiles
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -583,16 +581,15 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
-    grid = (kv_heads, batch, num_splits) if heads_first else (batch, kv_heads, num_splits)
-    _verify_attention_kernel[grid](
+    _verify_attention_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
         block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
-        FUSED_MERGE=fused_merge, HEADS_FIRST=bool(heads_first),
-        UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision, INTERPRET=_interpreting(),
+        FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
+        INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](

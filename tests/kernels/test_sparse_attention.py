@@ -129,40 +129,6 @@ def test_block_n_and_splits_independent():
         torch.testing.assert_close(out, ref, **TOL)
 
 
-@pytest.mark.parametrize("per_head", [False, True])
-def test_slot_addressed_selection_gives_the_same_bits(per_head):
-    """Selected entries given as pool slots (`positions_to_slots`, the table lookup done once per
-    selection) read the same K/V as positions: the same bits, with garbage padding converted too
-    (and still unread), over splits and tiles that mix selected and tail entries."""
-    from kernels.sparse_attention import positions_to_slots
-    args = list(make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 6, 2, 16, per_head=per_head,
-                          block_size=8, seed=6))
-    q, k, v, tables, ctx, idx, counts, tail, scale = args
-    slots = positions_to_slots(idx, tables, k.shape[1])
-    for b, n in enumerate(counts.tolist()):          # the selected entries are the pool's slots
-        pos = idx[b, :, :n].long()
-        want = tables[b].long()[pos // 8] * 8 + pos % 8
-        assert torch.equal(slots[b, :, :n].long(), want)
-    for block_n, splits in ((16, 1), (32, 3)):
-        by_pos = sparse_attention(*args, block_n=block_n, num_splits=splits)
-        by_slot = sparse_attention(q, k, v, tables, ctx, slots, counts, tail, scale,
-                                   block_n=block_n, num_splits=splits, slots=True)
-        assert torch.equal(by_pos, by_slot)
-        torch.testing.assert_close(by_slot, sparse_attention_reference(*args), **TOL)
-
-
-@pytest.mark.parametrize("per_head", [False, True])
-def test_grid_order_gives_the_same_bits(per_head):
-    """The KV head first on the grid (`heads_first`) computes the same programs: the same bits,
-    split and unsplit (the partial buffers are indexed by request and head, not by grid axis)."""
-    args = make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 6, 2, 16, per_head=per_head,
-                     block_size=8, seed=8)
-    for splits in (1, 3):
-        want = sparse_attention(*args, block_n=16, num_splits=splits)
-        got = sparse_attention(*args, block_n=16, num_splits=splits, heads_first=True)
-        assert torch.equal(got, want)
-
-
 def test_rejects_bad_group_count():
     args = list(make_case([20], [2], [5], 6, 3, 16, max_k=8))
     args[5] = args[5].expand(1, 2, 8).contiguous()                    # G = 2, neither 1 nor KVH = 3

@@ -79,23 +79,20 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
 
 
 @pytest.mark.parametrize("collect", ["none", "c2q", "all"])
-def test_unmasked_tiles_and_grid_order_give_the_same_bits(collect):
-    """Tiles every row sees whole skip the masks (`unmasked_tiles`), and the grid may put the KV
-    head first (`heads_first`, with the fused merge's per-(request, KV head) counters): the same
-    bits as masking every tile in the usual grid order, over requests whose contexts hold several
-    whole tiles before the first new row (70 keys, 17 rows: 48 unmasked), none (ctx == q_len) and
-    splits that end inside the masked part."""
+def test_unmasked_tiles_give_the_same_bits(collect):
+    """Tiles every row sees whole skip the masks (`unmasked_tiles`): the same bits as masking
+    every tile, with the fused merge and without, over requests whose contexts hold several whole
+    tiles before the first new row (70 keys, 17 rows: 48 unmasked), none (ctx == q_len) and
+    splits that end inside the masked part; so `launch_config` may choose it per path."""
     args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, 16, seed=13)
     ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
-    for splits in (1, 3):
-        kw = dict(collect=collect, num_splits=splits, block_n=16, fused_merge=True)
-        base = verify_attention(*args, unmasked_tiles=False, heads_first=False, **kw)
-        for unmasked, first in ((True, False), (True, True), (False, True)):
-            out, lse, logits = verify_attention(*args, unmasked_tiles=unmasked, heads_first=first,
-                                                **kw)
-            assert torch.equal(out, base[0]) and torch.equal(lse, base[1])
-            if collect != "none":
-                assert torch.equal(logits.logits, base[2].logits)
+    for splits, fused in ((1, False), (3, True), (3, False)):
+        kw = dict(collect=collect, num_splits=splits, block_n=16, fused_merge=fused)
+        base = verify_attention(*args, unmasked_tiles=False, **kw)
+        out, lse, logits = verify_attention(*args, unmasked_tiles=True, **kw)
+        assert torch.equal(out, base[0]) and torch.equal(lse, base[1])
+        if collect != "none":
+            assert torch.equal(logits.logits, base[2].logits)
         torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
         if collect != "none":
@@ -192,6 +189,10 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert wide.max_registers == 0 and not wide.fused_merge
         assert launch_config(1, dim, 32).max_registers == 0
     assert not launch_config(0, 128, 16).fused_merge and launch_config(0, 64, 16).fused_merge
+    # unmasked tiles: every path at head dim 128; at 64 only C2Q's first/last tile
+    assert all(launch_config(mode, 128, 32).unmasked_tiles for mode in (0, 1, 2))
+    assert launch_config(2, 64, 32).unmasked_tiles
+    assert not launch_config(0, 64, 16).unmasked_tiles and not launch_config(1, 64, 32).unmasked_tiles
 
 
 def test_default_split_count():

@@ -59,12 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sweep sparse_attention's tile and split count at the sweep shape")
     p.add_argument("--merge-tune", action=argparse.BooleanOptionalAction, default=False,
                    help="time verify_attention's fused split merge against the merge kernel and "
-                        "register caps (occupancy), without collection and with C2Q, and "
-                        "sparse_attention with slot-addressed selections")
+                        "register caps (occupancy), without collection and with C2Q")
     p.add_argument("--order-tune", action=argparse.BooleanOptionalAction, default=False,
-                   help="time verify_attention with and without its unmasked tiles and in both "
-                        "grid orders (at --q-rows and 1 row), and sparse_attention's grid order, "
-                        "slot addressing, stages and warps")
+                   help="time verify_attention with and without its unmasked tiles (at --q-rows "
+                        "and 1 row), and sparse_attention's pipeline stages and warps")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -188,12 +186,9 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None, slots: bool = False,
-                  **launch):
-    """`slots`: the selection converted to pool slots first (`positions_to_slots`, timed apart
-    as `convert_us`: an engine would convert once per selection, not per draft step). `launch`:
-    sparse_attention's other options (heads_first, num_warps, num_stages), recorded as given."""
-    from kernels.sparse_attention import positions_to_slots, sparse_attention
+                  block_n: int = 32, num_splits: int | None = None, **launch):
+    """`launch`: sparse_attention's other options (num_warps, num_stages), recorded as given."""
+    from kernels.sparse_attention import sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
     base = context - tail
@@ -203,13 +198,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     counts = torch.full((batch,), budget, dtype=torch.int32, device=device)
     tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
     q = torch.randn(batch, heads, dim, device=device, dtype=torch.bfloat16)
-    convert_us = None
-    if slots:
-        convert_us = _bench(lambda: positions_to_slots(idx, tables, block_size))
-        idx = positions_to_slots(idx, tables, block_size)
     us = _bench(lambda: sparse_attention(q, k, v, tables, ctx, idx, counts, tail_start, dim ** -0.5,
-                                         block_n=block_n, num_splits=num_splits, slots=slots,
-                                         **launch))
+                                         block_n=block_n, num_splits=num_splits, **launch))
     gathered = 2 * batch * (budget + tail) * kvh * dim * k.element_size()
     tbps = gathered / (us * 1e-6) / 1e12
     del k, v
@@ -218,8 +208,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
-                block_n=block_n, num_splits=num_splits, slots=slots, convert_us=convert_us,
-                launch=launch or None)
+                block_n=block_n, num_splits=num_splits, launch=launch or None)
 
 
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
@@ -355,25 +344,19 @@ def tune_collect(shape, batch, context, q_rows, block_size, device, copy_tbps):
                                 "collect_tune", ("none", "c2q", "c2q-main"), configs)
 
 
-def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
+def tune_merge(shape, batch, context, q_rows, block_size, device, copy_tbps):
     """The split merge inside the kernel (last split merges) against the separate merge kernel,
     and register caps (Triton's maxnreg: 0 none; 128, 144 and 168 let an SM hold 4, 3 and 3
     programs of 4 warps), then tiles and stages under a cap, for verify_attention without
-    collection and with C2Q, and sparse_attention with positions against slot-addressed
-    selections (records with `sweep: merge_tune`)."""
+    collection and with C2Q (records with `sweep: merge_tune`; the committed runs also timed
+    sparse_attention's in-kernel merge and slot-addressed selections, since removed)."""
     configs = [dict(fused_merge=fused, max_registers=regs) for fused in (False, True)
                for regs in (0, 128, 168)]
     configs += [dict(fused_merge=True, max_registers=regs, block_n=block_n, num_stages=stages)
                 for regs in (144, 168) for block_n, stages in ((64, 2), (128, 3), (64, 3))]
     out = _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps,
                                "merge_tune", ("none", "c2q"), configs)
-    for by_slot in (False, True):
-        rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
-                            slots=by_slot)
-        rec.update(sweep="merge_tune", config=dict(slots=by_slot))
-        out.append(rec)
-    for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q"),
-                            ("sparse_attention", "none")):
+    for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q")):
         ok = [r for r in out if r["kernel"] == kernel and r.get("collect") == collect and "us" in r]
         best = min(ok, key=lambda r: r["us"])
         print(f"merge_tune {shape} {kernel} {collect}: " + ", ".join(
@@ -382,31 +365,22 @@ def tune_merge(shape, batch, context, q_rows, sparsity, block_size, device, copy
 
 
 def tune_order(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
-    """A/B of two launch changes in one run (records with `sweep: order_tune`):
-    verify_attention with tiles that every row sees whole left unmasked or not, in the grid
-    orders (request, KV head, split) and (KV head, request, split), without collection and with
-    C2Q, at `q_rows` rows and at the one row of a plain decode step; sparse_attention in both grid
-    orders, by positions and by slots, and with other stages and warps."""
-    configs = [dict(unmasked_tiles=unmasked, heads_first=first)
-               for unmasked in (False, True) for first in (False, True)]
+    """A/B of launch choices in one run (records with `sweep: order_tune`): verify_attention with
+    the tiles that every row sees whole left unmasked or not, without collection and with C2Q, at
+    `q_rows` rows and at the one row of a plain decode step; sparse_attention's pipeline stages
+    and warps. (The committed kernels-2026-12-01-h200-order.json also has the grid orders and
+    slot-addressed selections this sweep had then; neither gained, and both were removed.)"""
+    configs = [dict(unmasked_tiles=unmasked) for unmasked in (False, True)]
     out = []
     for rows in sorted({q_rows, 1}):
         out += _time_verify_configs(shape, batch, context, rows, block_size, device, copy_tbps,
                                     "order_tune", ("none", "c2q"), configs)
-    launches = [dict(heads_first=first) for first in (False, True)]
-    launches += [dict(heads_first=True, num_stages=stages) for stages in (2, 4)]
-    launches += [dict(heads_first=True, num_warps=2), dict(heads_first=True, num_warps=2,
-                                                            num_stages=4)]
-    for by_slot in (False, True):
-        for launch in launches:
-            rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device,
-                                copy_tbps, slots=by_slot, **launch)
-            rec.update(sweep="order_tune", config=dict(slots=by_slot, **launch))
-            out.append(rec)
-    for splits in (3, 5, 6):
+    launches = [dict(num_stages=stages) for stages in (2, 3, 4)]
+    launches += [dict(num_warps=2, num_stages=stages) for stages in (3, 4)]
+    for launch in launches:
         rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
-                            slots=True, num_splits=splits, heads_first=True)
-        rec.update(sweep="order_tune", config=dict(slots=True, heads_first=True, num_splits=splits))
+                            **launch)
+        rec.update(sweep="order_tune", config=launch)
         out.append(rec)
     for kernel, collect, rows in (("verify_attention", "none", q_rows), ("verify_attention", "c2q", q_rows),
                                   ("verify_attention", "none", 1), ("sparse_attention", "none", 1)):
@@ -475,8 +449,8 @@ def run(args, argv: list[str]) -> str:
                                    device, copy_tbps)
     if args.merge_tune:
         for shape in args.shapes:
-            records += tune_merge(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
-                                  args.block_size, device, copy_tbps)
+            records += tune_merge(shape, sweep_b, sweep_ctx, args.q_rows, args.block_size,
+                                  device, copy_tbps)
     if args.order_tune:
         for shape in args.shapes:
             records += tune_order(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
