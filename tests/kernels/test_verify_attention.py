@@ -78,25 +78,27 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             check_logits(logits, ref_logits)
 
 
-@pytest.mark.parametrize("collect", ["none", "c2q", "all"])
-def test_unmasked_tiles_give_the_same_bits(collect):
-    """Tiles every row sees whole skip the masks (`unmasked_tiles`): the same bits as masking
-    every tile, with the fused merge and without, over requests whose contexts hold several whole
+@pytest.mark.parametrize("head_dim", [16, 32])
+@pytest.mark.parametrize("unmasked", [False, True])
+def test_unmasked_tiles_match_reference_and_collect_keeps_output(unmasked, head_dim):
+    """Tiles every row sees whole may skip the masks (`unmasked_tiles`): either way the reference's
+    answers, with the fused merge and without, over requests whose contexts hold several whole
     tiles before the first new row (70 keys, 17 rows: 48 unmasked), none (ctx == q_len) and
-    splits that end inside the masked part; so `launch_config` may choose it per path."""
-    args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, 16, seed=13)
-    ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+    splits that end inside the masked part; and for one choice, collecting (C2Q through either
+    tile, all rows) gives the no-collection output bit for bit. (Masked and unmasked may differ
+    in the last bit once compiled, so `launch_config` makes one choice per head dim.)"""
+    args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, head_dim, seed=13)
     for splits, fused in ((1, False), (3, True), (3, False)):
-        kw = dict(collect=collect, num_splits=splits, block_n=16, fused_merge=fused)
-        base = verify_attention(*args, unmasked_tiles=False, **kw)
-        out, lse, logits = verify_attention(*args, unmasked_tiles=True, **kw)
-        assert torch.equal(out, base[0]) and torch.equal(lse, base[1])
-        if collect != "none":
-            assert torch.equal(logits.logits, base[2].logits)
-        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-        if collect != "none":
-            check_logits(logits, ref_logits)
+        kw = dict(num_splits=splits, block_n=16, fused_merge=fused, unmasked_tiles=unmasked)
+        base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
+        for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
+            ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+            out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
+            assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
+            torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+            if collect != "none":
+                check_logits(logits, ref_logits)
 
 
 def test_c2q_tile_collects_an_explicit_first_last_subset():
@@ -189,10 +191,11 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert wide.max_registers == 0 and not wide.fused_merge
         assert launch_config(1, dim, 32).max_registers == 0
     assert not launch_config(0, 128, 16).fused_merge and launch_config(0, 64, 16).fused_merge
-    # unmasked tiles: every path at head dim 128; at 64 only C2Q's first/last tile
-    assert all(launch_config(mode, 128, 32).unmasked_tiles for mode in (0, 1, 2))
-    assert launch_config(2, 64, 32).unmasked_tiles
-    assert not launch_config(0, 64, 16).unmasked_tiles and not launch_config(1, 64, 32).unmasked_tiles
+    # unmasked tiles: one choice per head dim for every path (collecting must not change the
+    # output, and compiled the two can differ in the last bit): on at 128, off at 64
+    for rows in (16, 32, 64):
+        assert all(launch_config(mode, 128, rows).unmasked_tiles for mode in (0, 1, 2))
+        assert not any(launch_config(mode, 64, rows).unmasked_tiles for mode in (0, 1, 2))
 
 
 def test_default_split_count():
