@@ -1,6 +1,6 @@
 """Where does a GPU decode iteration go? (on the device, after stage.sh:
 `python3 scripts/device/profile_step.py [method] [batch] [context] [--eager] [--gamma N]
-[--multi-step N] [--trace FILE]`). Prefills a batch of real-text prompts, runs a few iterations so
+[--sparsity S] [--multi-step N] [--trace FILE]`). Prefills a batch of real-text prompts, runs a few iterations so
 every CUDA graph is captured, then profiles three with torch.profiler (CUPTI sees the kernels
 inside graph replays) and prints:
 - the top GPU kernels by total time and the top host operators;
@@ -92,6 +92,7 @@ ap.add_argument("method", nargs="?", default="vanilla")
 ap.add_argument("batch", nargs="?", type=int, default=64)
 ap.add_argument("context", nargs="?", type=int, default=6000)
 ap.add_argument("--gamma", type=int, default=6)
+ap.add_argument("--sparsity", type=float, default=0.07)
 ap.add_argument("--multi-step", type=int, default=8)
 ap.add_argument("--eager", action="store_true")
 ap.add_argument("--trace", default=None, help="where to write the chrome trace (default: a temp file)")
@@ -105,7 +106,7 @@ engine = Engine(os.environ.get("VEGAS_DEVICE_MODEL"), "cuda", "bfloat16",
                                       max_prefill_tokens=16384, cuda_graphs=graphs_choice,
                                       multi_step=opt.multi_step))
 tok = engine.tokenizer
-spec = SpecParams(method=method, gamma=gamma, sparsity=0.07, min_budget=16)
+spec = SpecParams(method=method, gamma=gamma, sparsity=opt.sparsity, min_budget=16)
 for i in range(batch):
     engine.add(texts.long_text(context, tok, offset=i * context), SamplingParams(max_tokens=200, ignore_eos=True), spec)
 while not any(engine.step()):      # prefill steps emit nothing
@@ -117,7 +118,7 @@ for _ in range(4):                  # captures, compiles, first selections
 t = time.perf_counter()
 n = sum(len(e.new_token_ids) for _ in range(3) for e in engine.step())
 wall = (time.perf_counter() - t) / 3
-print(f"{method} b{batch} ctx~{context} gamma {gamma} graphs={graphs_choice}: {wall * 1e3:.2f} ms per iteration, "
+print(f"{method} b{batch} ctx~{context} gamma {gamma} sparsity {opt.sparsity} graphs={graphs_choice}: {wall * 1e3:.2f} ms per iteration, "
       f"{n / 3 / wall:.0f} tokens/s unprofiled")
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for _ in range(3):
