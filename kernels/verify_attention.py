@@ -78,8 +78,9 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> Launch
     - a 64-row tile (12-16 rows at GQA 3 or 4; vegas at gamma >= 11) spills under C2Q's caps:
       +63 % at head dim 64 and 1,664 us at 128 (kernels-2026-12-01-h200-capped.json, `sweep:
       collect_rows`) against 228 and 1,077 us with the merge kernel and no cap
-      (kernels-2026-12-01-h200-target.json), so that tile keeps the latter (not re-measured with
-      the one-program-per-row merge kernel). Without collection the cap still pays there at
+      (kernels-2026-12-01-h200-target.json), so that tile keeps the latter; with the
+      one-program-per-row merge kernel it measured C2Q +33 % at head dim 64 and 752.7 us at 128
+      (kernels-2026-12-01-h200-run13.json). Without collection the cap still pays there at
       head dim 64 (165 against 194 us);
     - unmasked tiles (`sweep: order_tune`, kernels-2026-12-01-h200-order.json, A/B in one run):
       at head dim 128 every path gains (8 rows: none 621.5 -> 543.3 us, 82 -> 94 % of copy; C2Q
