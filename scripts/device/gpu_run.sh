@@ -12,8 +12,8 @@
 #            concurrency)
 #   merge    the fused split merge vs the merge kernel and register caps (--merge-tune), with that
 #            shape's kernel table
-#   order    verify_attention's unmasked tiles and grid order, sparse_attention's grid order, slots,
-#            stages and warps (--order-tune), with that shape's kernel table
+#   order    verify_attention with and without unmasked tiles, sparse_attention's stages and warps
+#            (--order-tune), with that shape's kernel table
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step

@@ -1,8 +1,8 @@
 """Where does a GPU decode iteration go? (on the device, after stage.sh:
 `python3 scripts/device/profile_step.py [method] [batch] [context] [--eager] [--gamma N]
-[--sparsity S] [--multi-step N] [--trace FILE]`). Prefills a batch of real-text prompts, runs a few iterations so
-every CUDA graph is captured, then profiles three with torch.profiler (CUPTI sees the kernels
-inside graph replays) and prints:
+[--sparsity S] [--multi-step N] [--trace FILE]`). Prefills a batch of real-text prompts, runs a
+few iterations so every CUDA graph is captured, then profiles three with torch.profiler (CUPTI
+sees the kernels inside graph replays) and prints:
 - the top GPU kernels by total time and the top host operators;
 - the iteration's wall time against the GPU's busy time;
 - where the GPU sat idle: each idle microsecond is charged to the innermost host phase running
@@ -118,8 +118,8 @@ for _ in range(4):                  # captures, compiles, first selections
 t = time.perf_counter()
 n = sum(len(e.new_token_ids) for _ in range(3) for e in engine.step())
 wall = (time.perf_counter() - t) / 3
-print(f"{method} b{batch} ctx~{context} gamma {gamma} sparsity {opt.sparsity} graphs={graphs_choice}: {wall * 1e3:.2f} ms per iteration, "
-      f"{n / 3 / wall:.0f} tokens/s unprofiled")
+print(f"{method} b{batch} ctx~{context} gamma {gamma} sparsity {opt.sparsity} graphs={graphs_choice}: "
+      f"{wall * 1e3:.2f} ms per iteration, {n / 3 / wall:.0f} tokens/s unprofiled")
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for _ in range(3):
         engine.step()
