@@ -265,33 +265,6 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
-    def _attend_range(start, end, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c,
-                      slot_c, keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req,
-                      kvh, hi, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh,
-                      s_gc, s_tb, block_size, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, COLLECT: tl.constexpr, PRECISION: tl.constexpr,
-                      MASKED: tl.constexpr, INTERPRET: tl.constexpr):
-        """`_attend_tile` over the tiles [start, end) of keys below `hi`."""
-        if INTERPRET:
-            # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
-            # (its __index__ calls int() on a 1-element array); a while loop evaluates the same.
-            while start < end:
-                m_i, l_i, acc = _attend_tile(
-                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
-                    keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
-                    scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb,
-                    block_size, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, MASKED)
-                start += BLOCK_N
-        else:
-            for tile in range(start, end, BLOCK_N):
-                m_i, l_i, acc = _attend_tile(
-                    tile, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
-                    keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
-                    scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb,
-                    block_size, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, MASKED)
-        return m_i, l_i, acc
-
-    @triton.jit
     def _store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
         """-inf at positions [ctx, logits_len) of the collected rows (past the request's context,
@@ -387,16 +360,41 @@ if triton is not None:
         if UNMASKED_TILES:
             full_end = tl.minimum(hi, ctx - q_len + 1)
             mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
-        m_i, l_i, acc = _attend_range(
-            lo, mid, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c, keep_c,
-            m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi, scale,
-            s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
-            BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, INTERPRET)
-        m_i, l_i, acc = _attend_range(
-            mid, hi, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c, keep_c,
-            m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi, scale,
-            s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
-            BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, INTERPRET)
+        if INTERPRET:
+            # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
+            # (its __index__ calls int() on a 1-element array); while loops evaluate the same.
+            start = lo
+            while start < mid:
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+                start += BLOCK_N
+            while start < hi:
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
+                start += BLOCK_N
+        else:
+            for start in range(lo, mid, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+            for start in range(mid, hi, BLOCK_N):
+                m_i, l_i, acc = _attend_tile(
+                    start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                    keep_c, m_i, l_i, acc, k_ptr, v_ptr,
+                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
