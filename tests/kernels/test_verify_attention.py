@@ -78,17 +78,16 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             check_logits(logits, ref_logits)
 
 
-@pytest.mark.parametrize("head_dim", [16, 32])
 @pytest.mark.parametrize("unmasked", [False, True])
-def test_unmasked_tiles_match_reference_and_collect_keeps_output(unmasked, head_dim):
+def test_unmasked_tiles_match_reference_and_collect_keeps_output(unmasked):
     """Tiles every row sees whole may skip the masks (`unmasked_tiles`): either way the reference's
     answers, with the fused merge and without, over requests whose contexts hold several whole
     tiles before the first new row (70 keys, 17 rows: 48 unmasked), none (ctx == q_len) and
     splits that end inside the masked part; and for one choice, collecting (C2Q through either
     tile, all rows) gives the no-collection output bit for bit. (Masked and unmasked may differ
     in the last bit once compiled, so `launch_config` makes one choice per head dim.)"""
-    args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, head_dim, seed=13)
-    for splits, fused in ((1, False), (3, True), (3, False)):
+    args = make_case([17, 1, 8, 3], [70, 50, 8, 97], 9, 3, 16, seed=13)
+    for splits, fused in ((1, False), (3, True)):
         kw = dict(num_splits=splits, block_n=16, fused_merge=fused, unmasked_tiles=unmasked)
         base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
         for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
