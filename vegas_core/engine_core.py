@@ -25,7 +25,7 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool
 from .model_runner import BatchEntry, ModelRunner
-from .rejection import RejectionResult, rejection_sample
+from .rejection import RejectionResult, greedy_accept_batch, rejection_sample
 from .request import Request, Status
 from .sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
 from .scheduler import Scheduler, lookahead
@@ -86,7 +86,7 @@ class EngineCore:
         self.run_ahead = opts.run_ahead and self.runner.graphs is not None and not opts.trace
         self._ahead: _Chain | None = None         # a chain launched at the end of the last iteration
         self._chain_marks = None                  # timing marks of the chain the last take used
-        self.chains = dict(launched=0, ahead=0, ahead_used=0)   # counters (tests, benchmarks)
+        self.chains = dict(launched=0, ahead=0, ahead_used=0, early=0)   # counters (tests, benchmarks)
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         self._t0 = time.perf_counter()
@@ -245,18 +245,22 @@ class EngineCore:
         bases = [req.num_cached for req in reqs]
         old_selections = [req.selection for req in reqs]
         selecting = []                      # (start, end) marks of the selection launches
+        m_gpu_end = None                    # set when the next chain was launched before acceptance
         if chained is not None:
             results, m_verify = chained, self._mark()
             verify_span = self._chain_marks or (m_draft, m_verify)
         else:
             entries, logits, collector = self._verify(reqs, drafts, on_device)
-            targets = self._targets(reqs, logits, drafts, on_device)
+            argmax = logits.argmax(dim=-1) if all(r.sampling.is_greedy for r in reqs) else None
+            targets = self._targets(argmax, drafts, on_device)
             m_verify = self._mark()
             verify_span = (m_draft, m_verify)
             # Selections that do not depend on what is accepted are launched before the host
             # waits for the targets, so the GPU selects while the host accepts.
             if self._select_all(reqs, entries, bases, None, collector):
                 selecting.append((m_verify, self._mark()))
+            if self._launch_early(reqs, on_device, argmax):
+                m_gpu_end = self._ahead.marks[0]    # this iteration's work ends where the chain starts
             results = self._accept_all(reqs, entries, drafts, qprobs, logits, targets)
             m_late = self._mark()
             if self._select_all(reqs, entries, bases, results, collector):
@@ -267,15 +271,21 @@ class EngineCore:
             req.num_cached = base + len(res.tokens)
         outputs = [self._emit(req, res, base, old, drafts.get(req.request_id, []))
                    for req, res, base, old in zip(reqs, results, bases, old_selections)]
-        m_end = self._mark()
+        m_end = m_gpu_end if m_gpu_end is not None else self._mark()
         for out in outputs:
             req = out.request
             if req.iterations_left is not None:
                 req.iterations_left -= 1
                 req.held = req.iterations_left <= 0
+        early = m_gpu_end is not None and self._keep_early(reqs, outputs)
+        for out in outputs:
+            req = out.request
             if not out.finished:
-                self.allocator.truncate(req.request_id, req.num_cached)
-        self._run_ahead()
+                # A chain launched early writes past the verified prefix: keep its pages (and
+                # the next verification's), which the next iteration would reserve anyway.
+                self.allocator.truncate(req.request_id, req.num_cached + (lookahead(req) if early else 0))
+        if not early:
+            self._run_ahead()
         self._wait(m_end)     # this iteration's GPU work, not the chain launched ahead
         wall_end = time.perf_counter()
         timings = dict(draft_ms=self._ms(*draft_span), verify_ms=self._ms(*verify_span),
@@ -315,6 +325,56 @@ class EngineCore:
         if self._ahead is not None:
             self.chains["ahead"] += 1
 
+    def _launch_early(self, reqs: list[Request], on_device, argmax) -> bool:
+        """Launch the next iteration's draft chain right behind this verification, before the
+        host has read what it accepted: greedy acceptance runs on the device
+        (`greedy_accept_batch`) and the chain starts from its tokens and positions, so the GPU
+        drafts while the host accepts, emits and returns (instead of idling until `_run_ahead`).
+
+        Only for a greedy batch that drafted on the GPU this iteration, whose next batch is
+        already certain to be itself, with selections that do not depend on what is accepted
+        (not SpecExtend's). The pages are reserved for the most the chain may write (every
+        draft accepted); `_keep_early` then keeps the chain, or drops it when the batch changed."""
+        if not self.run_ahead or on_device is None or argmax is None or len(on_device[1]) != len(reqs) \
+                or any(r.spec.method == "specextend" or r.selection is None for r in reqs):
+            return False
+        batch = self.scheduler.certain_decode_batch()
+        if batch is None or len(batch) != len(reqs) or any(a is not b for a, b in zip(batch, reqs)):
+            return False
+        rows = self.runner.graphs.verification_rows(len(reqs))
+        if rows is None or not self.scheduler.reserve(reqs, extra=[1 + r.spec.gamma for r in reqs]):
+            return False
+        qloc, firsts = rows
+        accepted, nxt = greedy_accept_batch(on_device[0], argmax, qloc)
+        limits = [r.spec.gamma for r in reqs]
+        # Host-side placeholders at the furthest start (every draft accepted); the device's
+        # numbers replace them.
+        entries = [BatchEntry(r.request_id, [0], r.num_cached + 1 + g, sparse=r.selection, logits="last")
+                   for r, g in zip(reqs, limits)]
+        start = self._mark()
+        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
+                                   first=(nxt, firsts + accepted + 1))
+        if tokens is None:
+            return False
+        self.chains["launched"] += 1
+        self.chains["ahead"] += 1
+        self.chains["early"] += 1
+        self._ahead = _Chain("draft", None, limits, tokens, (start, self._mark()), [r.selection for r in reqs])
+        return True
+
+    def _keep_early(self, reqs: list[Request], outputs: list[StepOutput]) -> bool:
+        """After the host accepted: keep the chain launched early when the next batch is still
+        exactly these requests (none finished, paused or joined), recording the state it drafts
+        from (the device accepted what the host did: the same comparison of the same tokens)."""
+        chain, batch = self._ahead, self.scheduler.certain_decode_batch()
+        keep = not any(o.finished for o in outputs) and batch is not None and len(batch) == len(reqs) \
+            and all(a is b for a, b in zip(batch, reqs))
+        if keep:
+            chain.state = _chain_state(reqs)
+        else:
+            self._ahead = None
+        return keep
+
     def _take_chain(self, kind: str, reqs: list[Request]) -> "_Chain | None":
         """This iteration's chain: the one launched ahead if it was for exactly this batch in
         this state, else one launched now (None when no graph takes it)."""
@@ -344,18 +404,18 @@ class EngineCore:
         return _Chain(kind, _chain_state(reqs), limits, tokens, (start, self._mark()),
                       [r.selection for r in reqs])
 
-    def _targets(self, reqs, logits, drafts, on_device):
-        """At temperature 0 for the whole batch: every row's argmax, with the drafts still on the
-        GPU, copied to the host in one copy that work launched after it does not delay. Returns
-        a callable that waits for that copy alone, fills the drafts' placeholder lists and gives
-        the targets; None for a sampled batch."""
-        if not all(r.sampling.is_greedy for r in reqs):
+    def _targets(self, argmax, drafts, on_device):
+        """At temperature 0 for the whole batch (`argmax`: every row's, None for a sampled batch):
+        the targets, with the drafts still on the GPU, copied to the host in one copy that work
+        launched after it does not delay. Returns a callable that waits for that copy alone,
+        fills the drafts' placeholder lists and gives the targets; None for a sampled batch."""
+        if argmax is None:
             return None
-        flat = logits.argmax(dim=-1)
+        flat = argmax
         if on_device is not None:
             flat = torch.cat([flat, on_device[0].t().reshape(-1)])     # [n, steps] after the targets
         host, done = to_host_async(flat)
-        n_rows = logits.shape[0]
+        n_rows = argmax.shape[0]
 
         def read():
             if done is not None:

@@ -185,12 +185,14 @@ class GraphRunner:
         self._hist = torch.zeros(MAX_CHAIN, self.max_batch, dtype=torch.int64, device=runner.device)
         self._tables_sig = self._indices_sig = None
         self._seq_tables: dict[int, tuple[int, np.ndarray]] = {}
+        self._last: GraphKey | None = None       # the last forward's graph (None: not a graph)
 
     # -- entry point ---------------------------------------------------------------------------
     def run(self, entries, allocator, collector: LogitCollector | None) -> torch.Tensor | None:
         """Logits of the entries (all rows of dense entries, the one row of each draft entry), or
         None when this forward is not one a graph takes. Valid until the next forward."""
         key = self._key(entries, collector)
+        self._last = key
         if key is None:
             return None
         total = self._fill(entries, allocator, key, collector)
@@ -198,12 +200,30 @@ class GraphRunner:
         logits = self._graph(key).replay()
         return logits[:total]
 
-    def run_chain(self, entries, allocator, steps: int, limits: list[int], to_host: bool = True):
+    def verification_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where the last forward's rows were, as device views of its buffers: qloc [n + 1]
+        (request i's rows start at qloc[i]) and each request's first position [n]. Work queued
+        now reads the values that forward read (the next upload is queued after it). None
+        unless the last forward was a dense graph (a verification) of at least n requests."""
+        key = self._last
+        if key is None or key.kind != "dense" or key.chain or key.batch < n:
+            return None
+        dev, off = self.buf.dev, self.buf.offsets
+        qloc = dev[off["qloc"]:off["qloc"] + n + 1]
+        return qloc, dev[off["pos"]:off["pos"] + key.tokens][qloc[:-1]]
+
+    def run_chain(self, entries, allocator, steps: int, limits: list[int], to_host: bool = True,
+                  first: tuple[torch.Tensor, torch.Tensor] | None = None):
         """Greedy tokens [steps, len(entries)] of `steps` chained one-row forwards: step 0 feeds
         the entries' tokens, step j the argmax of step j - 1; request i runs `limits[i]` steps
         (1..steps), its later rows are garbage. Numpy, or with `to_host=False` a view of the
-        history on the device (valid until the next chain). None when no graph takes these entries."""
+        history on the device (valid until the next chain). None when no graph takes these entries.
+
+        `first` (ids [n], positions [n] on the device) replaces the entries' tokens and starts,
+        so a chain can start from numbers the host has not seen (greedy acceptance on the
+        device); the entries' starts are then the largest those positions may be."""
         key = self._key(entries, None)
+        self._last = None
         if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN \
                 or any(e.start + steps > self.width for e in entries):
             return None
@@ -214,10 +234,21 @@ class GraphRunner:
         self.buf.field("step", 1)[0] = 0
         self.buf.upload()
         graph = self._graph(key)
+        if first is not None:
+            self._start_at(len(entries), *first)
         for _ in range(steps):
             graph.replay()
         tokens = self._hist[:steps, :len(entries)]
         return tokens.cpu().numpy() if to_host else tokens
+
+    def _start_at(self, n: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
+        """Overwrite the uploaded first-step numbers of a chain's n requests on the device: their
+        tokens, positions, lengths and contexts, and each K/V write's slot from its table."""
+        dev, off, bs = self.buf.dev, self.buf.offsets, self.block_size
+        page = self.buf.dev_tables[:n].gather(1, (pos // bs)[:, None].to(torch.int64))[:, 0].long()
+        for name, values in (("ids", ids), ("pos", pos), ("seq_lens", pos + 1), ("ctx", pos + 1),
+                             ("slots", page * bs + pos % bs)):
+            dev[off[name]:off[name] + n].copy_(values)
 
     def with_host_drafts(self, entries):
         """Entries whose chained drafts are read back into their token lists (for a forward that

@@ -71,3 +71,21 @@ def rejection_sample(draft_tokens: list[int] | Tensor, draft_probs: Tensor, targ
         last = int(sample_from_probs(target_probs[k:].float(), [generator])[0])
     return RejectionResult(num_accepted=n, tokens=tokens + [last], bonus=k > 0 and n == k,
                            draft_probs=q_list, target_probs=p_list)
+
+
+def greedy_accept_batch(drafts: Tensor, targets: Tensor, qloc: Tensor) -> tuple[Tensor, Tensor]:
+    """Greedy acceptance for a whole batch as tensor ops, on the device the tensors live on (no
+    host read): what `rejection_sample(..., greedy=True)` gives each request, as counts.
+
+    drafts [G, n]: request i's drafts down column i (its first k_i rows, later rows ignored);
+    targets [T]: the verification's argmax per flat row, request i's k_i + 1 rows starting at
+    qloc[i]; qloc [n + 1]: those starts, with k_i = qloc[i + 1] - qloc[i] - 1.
+    Returns (accepted [n], next_token [n]): the leading drafts equal to the target's argmax, and
+    the target's token after them (the correction, or the bonus when all were accepted)."""
+    n, steps = qloc.numel() - 1, drafts.shape[0]
+    starts, k = qloc[:-1], qloc[1:] - qloc[:-1] - 1
+    j = torch.arange(steps, device=drafts.device)[:, None]
+    rows = (starts[None] + j).clamp(max=targets.numel() - 1)
+    match = (drafts[:, :n] == targets[rows]) & (j < k[None])
+    accepted = match.long().cumprod(dim=0).sum(dim=0)
+    return accepted, targets[starts + accepted]

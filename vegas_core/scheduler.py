@@ -108,13 +108,15 @@ class Scheduler:
             return None
         return self._decode_candidates() or None
 
-    def reserve(self, batch: list[Request]) -> bool:
-        """Reserve every request's slots for its next decode iteration, as `schedule` would, or
-        none of them (no preemption) when the pool cannot hold them all."""
-        needs = [(r.request_id, r.num_cached + lookahead(r, self.decode_steps)) for r in batch]
+    def reserve(self, batch: list[Request], extra: list[int] | None = None) -> bool:
+        """Reserve every request's slots for its next decode iteration, as `schedule` would (and
+        `extra[i]` slots more for request i), or none of them (no preemption) when the pool
+        cannot hold them all."""
+        extra = extra or [0] * len(batch)
+        needs = [(r.request_id, r.num_cached + lookahead(r, self.decode_steps) + x) for r, x in zip(batch, extra)]
         alloc = self.allocator
-        extra = sum(max(0, alloc.blocks_needed(n) - len(alloc.block_table(rid))) for rid, n in needs)
-        if extra > alloc.num_free:
+        pages = sum(max(0, alloc.blocks_needed(n) - len(alloc.block_table(rid))) for rid, n in needs)
+        if pages > alloc.num_free:
             return False
         for rid, n in needs:
             alloc.ensure(rid, n)

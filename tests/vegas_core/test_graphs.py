@@ -101,7 +101,8 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
     """The next iteration's chain is launched before the step returns (run-ahead): used when the
     next batch is the same (also across another request's prefill step), discarded when it
     changed (a request paused, then resumed); ragged gammas and lengths, requests finishing at
-    different steps. Tokens equal the reference path's; every page comes back."""
+    different steps. Tokens and drafts accepted per step equal the reference path's; every page
+    comes back."""
     cases = [
         (SpecParams(method="vegas", gamma=2, sparsity=0.3, min_budget=4), 9),
         (SpecParams(method="vegas", gamma=4, sparsity=0.3, min_budget=4), 14),
@@ -113,9 +114,12 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
     def run(core, specs):
         reqs = [core.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True), sp)
                 for p, (sp, n) in zip(_prompts(), specs)]
-        paused, state = reqs[0], 0
+        paused, state, accepted = reqs[0], 0, []
         while core.has_work:
-            core.step()
+            # Drafts accepted per step: a chain drafting from wrong positions or tokens would
+            # still give the same output (verification corrects it), but accept fewer.
+            accepted.append([(next(i for i, r in enumerate(reqs) if r is o.request), o.num_accepted)
+                             for o in core.step()])
             if state == 0 and paused.num_generated >= 2:
                 core.pause(paused.request_id)    # the chain launched ahead included it: stale
             elif state == 1:                     # arrives, prefills in the next step, then joins
@@ -125,14 +129,20 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
             else:
                 continue
             state += 1
-        return [r.output_ids for r in reqs]
+        return [r.output_ids for r in reqs], accepted
 
     for specs in (cases[:2], cases[2:]):
         ref, core = _core(tiny, "off", "reference"), _core(tiny, GRAPHS)
-        assert run(core, specs) == run(ref, specs)
+        (tokens, accepted), (ref_tokens, ref_accepted) = run(core, specs), run(ref, specs)
+        assert tokens == ref_tokens
+        if specs[0][0].speculative:       # (vanilla's steps differ: several per chain on graphs)
+            assert accepted == ref_accepted and any(n for step in accepted for _, n in step)
         assert core.run_ahead and not ref.run_ahead
         used, launched = core.chains["ahead_used"], core.chains["ahead"]
         assert 0 < used < launched, core.chains          # some used, some discarded
+        # Draft chains launched behind the verification (acceptance on the device), and only
+        # for speculative batches.
+        assert (core.chains["early"] > 0) == (specs[0][0].method == "vegas"), core.chains
         assert core.allocator.num_free == core.allocator.num_blocks
 
 
@@ -146,3 +156,27 @@ def test_a_forward_no_graph_takes_reads_chained_drafts_back(tiny):
     out = graphs.with_host_drafts(entries)
     assert out[0] is entries[0]
     assert out[1].tokens == [9, 5, 6, 7] and out[1].device_drafts is None and out[1].start == 20
+
+
+def test_cached_table_rows_follow_every_change(tiny):
+    """The graphs' cached block-table rows equal the allocator's table padded with zeros after
+    any change: growing, shrinking, shrinking and growing again before the next read (the same
+    length, other pages: another sequence took the freed ones), a free and a new table."""
+    import numpy as np
+    core = _core(tiny, GRAPHS)
+    graphs, alloc = core.runner.graphs, core.allocator
+    steps = [[("ensure", 40)], [("ensure", 100)], [("truncate", 50)],
+             [("truncate", 20), ("other", 0), ("ensure", 50)], [("ensure", 70)], [("free", 0)],
+             [("ensure", 33)], [("truncate", 0)], [("ensure", 20)]]
+    for ops in steps:
+        for op, n in ops:
+            if op == "other":              # takes the pages sequence 7 just gave back
+                alloc.ensure(99, alloc.capacity(99) + 3 * alloc.block_size)
+            elif op == "free":
+                alloc.free(7)
+            else:
+                getattr(alloc, op)(7, n)
+        table = alloc.block_table(7)
+        expect = np.zeros(graphs.blocks, dtype=np.int32)
+        expect[:len(table)] = table
+        assert (graphs._table_row(7, alloc) == expect).all(), ops

@@ -138,3 +138,24 @@ def test_engine_greedy_fast_path_equals_rejection_sampler():
         want = rejection_sample(drafts, q, p, None, greedy=True)
         assert (got.num_accepted, got.tokens, got.bonus) == (want.num_accepted, want.tokens, want.bonus)
         assert got.draft_probs == want.draft_probs and got.target_probs == want.target_probs
+
+
+def test_greedy_accept_batch_matches_rejection_sample_per_request():
+    """The batched device form gives each request what greedy `rejection_sample` gives it:
+    ragged draft counts (0 to 5, drafts past a request's count ignored), every prefix length."""
+    from vegas_core.rejection import greedy_accept_batch
+    g = torch.Generator().manual_seed(0)
+    vocab, counts = 6, [3, 0, 5, 2, 5, 1, 4]
+    steps = max(counts)
+    logits = [torch.randn(k + 1, vocab, generator=g) for k in counts]
+    targets = [lg.argmax(-1) for lg in logits]
+    drafts = torch.randint(0, vocab, (steps, len(counts)), generator=g)
+    for i, k in enumerate(counts):       # agree with the target for a random prefix, then maybe not
+        agree = int(torch.randint(0, k + 1, (1,), generator=g))
+        drafts[:agree, i] = targets[i][:agree]
+    qloc = torch.tensor([0] + [k + 1 for k in counts]).cumsum(0)
+    accepted, nxt = greedy_accept_batch(drafts, torch.cat(targets), qloc)
+    for i, k in enumerate(counts):
+        ref = rejection_sample(drafts[:k, i].tolist(), torch.zeros(k, vocab), logits[i].softmax(-1), None, True)
+        assert int(accepted[i]) == ref.num_accepted and int(nxt[i]) == ref.tokens[-1], i
+    assert sorted(set(accepted.tolist())) != [0]     # some drafts were accepted
