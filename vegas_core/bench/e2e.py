@@ -19,6 +19,7 @@ this model and device exists (or `--tuned FILE`), else with `--gamma` / `--spars
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -122,6 +123,9 @@ class RunStats:
     select_ms: float
     iteration_ms: float
     outputs: list[list[int]]
+    chains: dict          # the engine's chain counters over the run (launched, ahead, used, early)
+    step_ms: dict         # the rate's steps' wall times: median, slowest, fastest
+    gc: dict              # Python's garbage collections during the run (`GcPauses.summary`)
 
 
 PHASES = ("draft_ms", "verify_ms", "select_ms")
@@ -158,37 +162,42 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     full_s = all_s = 0.0
     full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
+    chains_before = dict(core.chains)
+    full_dts, all_dts = [], []
     common.sync(engine.device)
     last = time.perf_counter()
-    while any(not r.finished for r in reqs):
-        running = sum(not r.held for r in core.scheduler.running)   # held parents sit out
-        captured = graphs.captures if graphs is not None else 0
-        compiled = compiles() if compiles is not None else 0
-        core.reset_phase_totals()
-        events = engine.step()
-        # No synchronisation between steps: the engine may have launched the next iteration's
-        # chain already (run-ahead), so a step costs the wall time from the last step's end to its
-        # own (host work between steps included, as a server would pay it).
-        now = time.perf_counter()
-        dt, last = now - last, now
-        if progress is not None:
-            progress(sum(len(e.new_token_ids) for e in events))
-        if not events:
-            continue                                    # a prefill step
-        if ((graphs is not None and graphs.captures != captured)
-                or (compiles is not None and compiles() != compiled)):
-            warmup_steps += 1                           # it captured or compiled: not the rate
-            continue
-        emitted = sum(len(e.new_token_ids) for e in events)
-        decode_steps += 1
-        all_s += dt
-        all_tok += emitted
-        _add_phases(all_ph, core.phase_totals)
-        if running >= workload.batch:
-            full_steps += 1
-            full_s += dt
-            full_tok += emitted
-            _add_phases(full_ph, core.phase_totals)
+    with GcPauses() as pauses:
+        while any(not r.finished for r in reqs):
+            running = sum(not r.held for r in core.scheduler.running)   # held parents sit out
+            captured = graphs.captures if graphs is not None else 0
+            compiled = compiles() if compiles is not None else 0
+            core.reset_phase_totals()
+            events = engine.step()
+            # No synchronisation between steps: the engine may have launched the next iteration's
+            # chain already (run-ahead), so a step costs the wall time from the last step's end to its
+            # own (host work between steps included, as a server would pay it).
+            now = time.perf_counter()
+            dt, last = now - last, now
+            if progress is not None:
+                progress(sum(len(e.new_token_ids) for e in events))
+            if not events:
+                continue                                    # a prefill step
+            if ((graphs is not None and graphs.captures != captured)
+                    or (compiles is not None and compiles() != compiled)):
+                warmup_steps += 1                           # it captured or compiled: not the rate
+                continue
+            emitted = sum(len(e.new_token_ids) for e in events)
+            decode_steps += 1
+            all_dts.append(dt)
+            all_s += dt
+            all_tok += emitted
+            _add_phases(all_ph, core.phase_totals)
+            if running >= workload.batch:
+                full_dts.append(dt)
+                full_steps += 1
+                full_s += dt
+                full_tok += emitted
+                _add_phases(full_ph, core.phase_totals)
     results = [engine.result(r) for r in reqs]
     for r in reqs:
         engine._trackers.pop(r.request_id, None)
@@ -208,7 +217,45 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
         mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
         per_position_acceptance=per_pos, draft_ms=ph["draft_ms"] / n, verify_ms=ph["verify_ms"] / n,
         select_ms=ph["select_ms"] / n, iteration_ms=1e3 * sec / n,
-        outputs=[r.token_ids for r in results])
+        outputs=[r.token_ids for r in results],
+        chains={k: v - chains_before.get(k, 0) for k, v in core.chains.items()},
+        step_ms=_spread(full_dts if full_steps else all_dts), gc=pauses.summary())
+
+
+class GcPauses:
+    """Python's garbage collections while installed (`gc.callbacks`): how many, how long in all,
+    the slowest. A collection of the older generations walks every tracked object and can stop
+    the host for milliseconds in the middle of a step."""
+
+    def __init__(self):
+        self.count, self.ms, self.slowest, self._start = 0, 0.0, 0.0, None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            ms = 1e3 * (time.perf_counter() - self._start)
+            self.count, self.ms, self.slowest = self.count + 1, self.ms + ms, max(self.slowest, ms)
+            self._start = None
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self)
+
+    def summary(self) -> dict:
+        return dict(collections=self.count, ms=self.ms, slowest_ms=self.slowest)
+
+
+def _spread(dts: list[float]) -> dict:
+    """Median, slowest and fastest step in ms: a mean pulled up by a few slow steps (a host
+    pause) reads differently from one that every step pays."""
+    if not dts:
+        return {}
+    ms = sorted(1e3 * d for d in dts)
+    return dict(median=ms[len(ms) // 2], max=ms[-1], min=ms[0])
 
 
 def divergences(engine, prompts, outputs, vanilla_outputs, limit: int = 8) -> list[dict]:
@@ -316,7 +363,7 @@ def run(args, argv: list[str]) -> str:
                        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
                        graph_warmup_steps=stats.warmup_steps,
-                       generated_tokens=stats.generated_tokens)
+                       generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms, host_gc=stats.gc)
             if sampling_name == "greedy" and base is not None:
                 same = [a == b for a, b in zip(stats.outputs, base.outputs)]
                 rec["exact_match_vs_vanilla"] = sum(same) / len(same)
