@@ -14,6 +14,7 @@ collects; speculation starts from the second. The core knows nothing about text.
 """
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -91,6 +92,10 @@ class EngineCore:
         self.step_index = 0
         self._t0 = time.perf_counter()
         self.reset_phase_totals()
+        # Everything alive now (the model, the imported libraries: millions of objects) moves
+        # out of the garbage collector's reach: a full collection walked them all and stopped
+        # a decode step for 160 ms (bench/NOTES.md, version 21). vLLM's engine does the same.
+        gc.freeze()
 
     def reset_phase_totals(self) -> None:
         """Running sums over decode iterations (benchmarks read them): draft, verify and select
