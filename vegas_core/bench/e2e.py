@@ -363,7 +363,8 @@ def run(args, argv: list[str]) -> str:
                        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
                        graph_warmup_steps=stats.warmup_steps,
-                       generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms, host_gc=stats.gc)
+                       generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
+                       host_gc=stats.gc)
             if sampling_name == "greedy" and base is not None:
                 same = [a == b for a, b in zip(stats.outputs, base.outputs)]
                 rec["exact_match_vs_vanilla"] = sum(same) / len(same)
