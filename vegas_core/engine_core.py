@@ -14,7 +14,6 @@ collects; speculation starts from the second. The core knows nothing about text.
 """
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field
 
@@ -92,10 +91,6 @@ class EngineCore:
         self.step_index = 0
         self._t0 = time.perf_counter()
         self.reset_phase_totals()
-        # Everything alive now (the model, the imported libraries: millions of objects) moves
-        # out of the garbage collector's reach: a full collection walked them all and stopped
-        # a decode step for 160 ms (bench/NOTES.md, version 21). vLLM's engine does the same.
-        gc.freeze()
 
     def reset_phase_totals(self) -> None:
         """Running sums over decode iterations (benchmarks read them): draft, verify and select
@@ -337,12 +332,15 @@ class EngineCore:
         drafts while the host accepts, emits and returns (instead of idling until `_run_ahead`).
 
         Only for a greedy batch that drafted on the GPU this iteration, whose next batch is
-        already certain to be itself, with selections that do not depend on what is accepted
-        (not SpecExtend's). The pages are reserved for the most the chain may write (every
-        draft accepted); `_keep_early` then keeps the chain, or drops it when the batch changed."""
+        already certain to be itself (none may reach max_tokens now), with selections that do
+        not depend on what is accepted (not SpecExtend's). The pages are reserved for the most
+        the chain may write (every draft accepted); `_keep_early` then keeps the chain, or drops
+        it when the batch changed."""
         if not self.run_ahead or on_device is None or argmax is None or len(on_device[1]) != len(reqs) \
                 or any(r.spec.method == "specextend" or r.selection is None for r in reqs):
             return False
+        if any(r.num_generated + 1 + r.spec.gamma >= r.sampling.max_tokens for r in reqs):
+            return False   # a request may reach max_tokens now: the chain would be dropped
         batch = self.scheduler.certain_decode_batch()
         if batch is None or len(batch) != len(reqs) or any(a is not b for a, b in zip(batch, reqs)):
             return False

@@ -101,10 +101,11 @@ class Scheduler:
                 if not r.held and r.status is Status.RUNNING and not r.needs_prefill]
 
     def certain_decode_batch(self) -> list[Request] | None:
-        """The next step's decode batch when it is already certain: nothing waits and nothing
-        needs a prefill, so the next step decodes these requests (if `reserve` finds them room).
-        None otherwise."""
-        if self.waiting or any(r.needs_prefill for r in self.running):
+        """The next step's decode batch when it is already certain: nothing needs a prefill and
+        nothing can join (nothing waits, or the batch is full: `schedule` admits no one while
+        `max_num_seqs` requests run), so the next step decodes these requests (if `reserve` finds
+        them room). None otherwise."""
+        if (self.waiting and len(self.running) < self.max_num_seqs) or any(r.needs_prefill for r in self.running):
             return None
         return self._decode_candidates() or None
 

@@ -37,8 +37,9 @@ def test_scheduler_reserves_the_chained_steps():
 
 
 def test_the_next_decode_batch_is_certain_only_when_nothing_else_can_run():
-    """Run-ahead asks the scheduler for the next decode batch: known only when nothing waits or
-    needs a prefill; `reserve` gives every request its next iteration's slots, or none of them."""
+    """Run-ahead asks the scheduler for the next decode batch: known only when nothing needs a
+    prefill and nothing can join (nothing waits, or the batch is full); `reserve` gives every
+    request its next iteration's slots, or none of them."""
     alloc = BlockAllocator(8, 4)
     sched = Scheduler(alloc, max_num_seqs=4, max_prefill_tokens=64, decode_steps=8)
     old, new = _req(SpecParams(method="vanilla")), _req(SpecParams(method="vanilla"))
@@ -58,3 +59,10 @@ def test_the_next_decode_batch_is_certain_only_when_nothing_else_can_run():
     assert not sched.reserve([old, new]) and alloc.num_free == free   # 2 x 17 slots > 8 pages: none
     assert sched.reserve([old]) and alloc.capacity(old.request_id) >= old.num_cached + 8
     assert sched.schedule().decode[0] is old and plan.prefill
+    sched.max_num_seqs = 2                  # the batch is full: a waiting request cannot join
+    sched.add(late := _req(SpecParams(method="vanilla")))
+    assert sched.certain_decode_batch() == [old, new]
+    full = sched.schedule()
+    assert not full.prefill and old in full.decode and late in sched.waiting
+    sched.remove(new)                       # a place frees up: the next step admits it
+    assert sched.certain_decode_batch() is None

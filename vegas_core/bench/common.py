@@ -7,7 +7,9 @@ A result file is one JSON object: `date`, `device` (in words), `command` (the ex
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import gc
 import json
 import math
 import os
@@ -32,6 +34,22 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Measure with the heap as it is now out of the garbage collector's generations: collect
+    the garbage there is, then `gc.freeze()` what is alive (the model, the imported libraries:
+    millions of objects), so a full collection in the middle of a step no longer walks them (one
+    stopped a step for 162 ms, bench/NOTES.md version 21). Undone on exit (`gc.unfreeze`), so
+    objects that die later, cycles included, are collected again: a freeze inside the engine
+    kept every engine of a test process alive for good."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class TritonCompiles:

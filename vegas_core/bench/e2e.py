@@ -164,9 +164,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
     chains_before = dict(core.chains)
     full_dts, all_dts = [], []
-    common.sync(engine.device)
-    last = time.perf_counter()
-    with GcPauses() as pauses:
+    with common.frozen_heap(), GcPauses() as pauses:
+        common.sync(engine.device)
+        last = time.perf_counter()
         while any(not r.finished for r in reqs):
             running = sum(not r.held for r in core.scheduler.running)   # held parents sit out
             captured = graphs.captures if graphs is not None else 0

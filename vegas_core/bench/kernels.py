@@ -356,11 +356,7 @@ def tune_merge(shape, batch, context, q_rows, block_size, device, copy_tbps):
                 for regs in (144, 168) for block_n, stages in ((64, 2), (128, 3), (64, 3))]
     out = _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps,
                                "merge_tune", ("none", "c2q"), configs)
-    for kernel, collect in (("verify_attention", "none"), ("verify_attention", "c2q")):
-        ok = [r for r in out if r["kernel"] == kernel and r.get("collect") == collect and "us" in r]
-        best = min(ok, key=lambda r: r["us"])
-        print(f"merge_tune {shape} {kernel} {collect}: " + ", ".join(
-            f"{r['config']} {r['us']:.1f} us" for r in ok) + f"; best {best['config']}")
+    print_sweep("merge_tune", shape, out, [("verify_attention", "none", None), ("verify_attention", "c2q", None)])
     return out
 
 
@@ -382,14 +378,20 @@ def tune_order(shape, batch, context, q_rows, sparsity, block_size, device, copy
                             **launch)
         rec.update(sweep="order_tune", config=launch)
         out.append(rec)
-    for kernel, collect, rows in (("verify_attention", "none", q_rows), ("verify_attention", "c2q", q_rows),
-                                  ("verify_attention", "none", 1), ("sparse_attention", "none", 1)):
-        ok = [r for r in out if r["kernel"] == kernel and r.get("collect") == collect and "us" in r
-              and r["q_rows"] == rows]
-        best = min(ok, key=lambda r: r["us"])
-        print(f"order_tune {shape} {kernel} {collect} rows {rows}: " + ", ".join(
-            f"{r['config']} {r['us']:.1f} us" for r in ok) + f"; best {best['config']}")
+    print_sweep("order_tune", shape, out, [("verify_attention", "none", q_rows), ("verify_attention", "c2q", q_rows),
+                                           ("verify_attention", "none", 1), ("sparse_attention", "none", 1)])
     return out
+
+
+def print_sweep(sweep: str, shape: str, records: list[dict], groups) -> None:
+    """One line per (kernel, collection, rows) group of a sweep (rows None: any): every timed
+    configuration and the fastest."""
+    for kernel, collect, rows in groups:
+        ok = [r for r in records if r["kernel"] == kernel and r.get("collect") == collect and "us" in r
+              and (rows is None or r["q_rows"] == rows)]
+        best = min(ok, key=lambda r: r["us"])
+        print(f"{sweep} {shape} {kernel} {collect}{'' if rows is None else f' rows {rows}'}: "
+              + ", ".join(f"{r['config']} {r['us']:.1f} us" for r in ok) + f"; best {best['config']}")
 
 
 def quest_record(shape, batch, context, block_size, device, copy_tbps):

@@ -120,6 +120,12 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
         assert r["full_batch_steps"] > 0 and r["decode_steps"] >= r["full_batch_steps"]
         for key in ("draft_ms", "select_ms", "verify_ms", "select_overhead", "speedup_vs_vanilla"):
             assert r[key] is not None and r[key] >= 0, key
+        steps = r["step_ms"]                  # the rate's steps' spread brackets their mean
+        assert 0 < steps["min"] <= steps["median"] <= steps["max"]
+        assert steps["min"] <= r["iteration_ms"] * (1 + 1e-9) and r["iteration_ms"] <= steps["max"] * (1 + 1e-9)
+        gc_ = r["host_gc"]
+        assert gc_["collections"] >= 0 and 0 <= gc_["slowest_ms"] <= gc_["ms"] + 1e-9
+        assert r["chains"]["launched"] == 0      # the CPU reference path runs no graphs
         if r["method"] == "vanilla":
             assert r["speedup_vs_vanilla"] == 1.0 and r["mean_acceptance_length"] is None
             assert r["draft_ms"] == 0.0 or r["draft_ms"] < 0.05 * r["iteration_ms"]
@@ -231,3 +237,38 @@ def test_steps_that_compile_a_kernel_are_left_out_of_the_rate(tiny_model):
         assert triton.knobs.runtime.jit_post_compile_hook is not compiles._hook   # given back
     finally:
         triton.knobs.runtime.jit_post_compile_hook = before
+
+
+def test_print_sweep_lists_each_group_with_its_fastest(capsys):
+    from vegas_core.bench.kernels import print_sweep
+    recs = [dict(kernel="verify_attention", collect="none", q_rows=8, config={"a": 1}, us=10.0),
+            dict(kernel="verify_attention", collect="none", q_rows=8, config={"a": 2}, us=7.5),
+            dict(kernel="verify_attention", collect="none", q_rows=1, config={"a": 3}, us=1.0),
+            dict(kernel="verify_attention", collect="c2q", q_rows=8, config={"a": 4}),    # failed: no time
+            dict(kernel="verify_attention", collect="c2q", q_rows=8, config={"a": 5}, us=9.0)]
+    print_sweep("order_tune", "smollm2", recs, [("verify_attention", "none", 8), ("verify_attention", "c2q", None)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["order_tune smollm2 verify_attention none rows 8: {'a': 1} 10.0 us, {'a': 2} 7.5 us; best {'a': 2}",
+                     "order_tune smollm2 verify_attention c2q: {'a': 5} 9.0 us; best {'a': 5}"]
+
+
+def test_frozen_heap_hides_what_lives_and_gives_it_back():
+    """Inside `frozen_heap` the objects alive at its start are out of the collector's
+    generations (a full collection does not walk them); on exit they are back, so an object
+    that dies later in a reference cycle is still collected."""
+    import gc
+    import weakref
+
+    from vegas_core.bench.common import frozen_heap
+
+    class Node:
+        pass
+    before = Node()
+    before.self = before                  # a cycle: only the collector can free it
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0 and not any(o is before for o in gc.get_objects())
+    assert any(o is before for o in gc.get_objects())
+    gone = weakref.ref(before)
+    del before
+    gc.collect()
+    assert gone() is None
