@@ -277,7 +277,7 @@ class EngineCore:
             if req.iterations_left is not None:
                 req.iterations_left -= 1
                 req.held = req.iterations_left <= 0
-        early = m_gpu_end is not None and self._keep_early(reqs, outputs)
+        early = m_gpu_end is not None and self._keep_early(reqs)
         for out in outputs:
             req = out.request
             if not out.finished:
@@ -341,8 +341,7 @@ class EngineCore:
             return False
         if any(r.num_generated + 1 + r.spec.gamma >= r.sampling.max_tokens for r in reqs):
             return False   # a request may reach max_tokens now: the chain would be dropped
-        batch = self.scheduler.certain_decode_batch()
-        if batch is None or len(batch) != len(reqs) or any(a is not b for a, b in zip(batch, reqs)):
+        if not self._next_batch_is(reqs):
             return False
         rows = self.runner.graphs.verification_rows(len(reqs))
         if rows is None or not self.scheduler.reserve(reqs, extra=[1 + r.spec.gamma for r in reqs]):
@@ -365,18 +364,22 @@ class EngineCore:
         self._ahead = _Chain("draft", None, limits, tokens, (start, self._mark()), [r.selection for r in reqs])
         return True
 
-    def _keep_early(self, reqs: list[Request], outputs: list[StepOutput]) -> bool:
+    def _keep_early(self, reqs: list[Request]) -> bool:
         """After the host accepted: keep the chain launched early when the next batch is still
         exactly these requests (none finished, paused or joined), recording the state it drafts
         from (the device accepted what the host did: the same comparison of the same tokens)."""
-        chain, batch = self._ahead, self.scheduler.certain_decode_batch()
-        keep = not any(o.finished for o in outputs) and batch is not None and len(batch) == len(reqs) \
-            and all(a is b for a, b in zip(batch, reqs))
+        keep = self._next_batch_is(reqs)
         if keep:
-            chain.state = _chain_state(reqs)
+            self._ahead.state = _chain_state(reqs)
         else:
             self._ahead = None
         return keep
+
+    def _next_batch_is(self, reqs: list[Request]) -> bool:
+        """Whether the next decode batch is certain and is exactly `reqs`, in order (a finished
+        request has left the scheduler, so it is never in it)."""
+        batch = self.scheduler.certain_decode_batch()
+        return batch is not None and len(batch) == len(reqs) and all(a is b for a, b in zip(batch, reqs))
 
     def _take_chain(self, kind: str, reqs: list[Request]) -> "_Chain | None":
         """This iteration's chain: the one launched ahead if it was for exactly this batch in
