@@ -52,6 +52,17 @@ class BlockAllocator:
         extra = self.blocks_needed(num_tokens) - len(self.block_table(seq_id))
         return extra <= len(self._free)
 
+    def adjacency(self, seq_ids) -> float | None:
+        """Of the given sequences' consecutive table entries, the fraction whose pages are also
+        consecutive in the pool (1.0: every table one run; None: no pair to judge). A locality
+        measure: attention kernels read a request's pages in table order."""
+        pairs = adjacent = 0
+        for seq_id in seq_ids:
+            table = self._tables.get(seq_id, [])
+            pairs += max(len(table) - 1, 0)
+            adjacent += sum(b == a + 1 for a, b in zip(table, table[1:]))
+        return adjacent / pairs if pairs else None
+
     def owners(self) -> dict[int, int]:
         """page -> owning sequence (for checks: a page appears at most once)."""
         out: dict[int, int] = {}

@@ -72,3 +72,16 @@ def test_no_page_owned_twice_under_churn():
         # A table seen before under the same version must be the same table (copies stay valid).
         key = (seq, a.version(seq))
         assert seen.setdefault(key, list(a.block_table(seq))) == a.block_table(seq)
+
+
+def test_adjacency_counts_consecutive_pages_in_table_order():
+    alloc = BlockAllocator(16, 4)
+    assert alloc.adjacency([0]) is None                    # nothing to judge
+    alloc.ensure(0, 12)                                    # pages 0, 1, 2: one run
+    assert alloc.adjacency([0]) == 1.0
+    for step in range(2):                                  # two sequences growing in turn
+        alloc.ensure(1, 4 * (step + 1))
+        alloc.ensure(2, 4 * (step + 1))
+    assert alloc.block_table(1) == [3, 5] and alloc.block_table(2) == [4, 6]
+    assert alloc.adjacency([1, 2]) == 0.0
+    assert alloc.adjacency([0, 1, 2]) == 2 / 4

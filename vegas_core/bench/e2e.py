@@ -126,6 +126,7 @@ class RunStats:
     chains: dict          # the engine's chain counters over the run (launched, ahead, used, early)
     step_ms: dict         # the rate's steps' wall times: median, slowest, fastest
     gc: dict              # Python's garbage collections during the run (`GcPauses.summary`)
+    page_adjacency: float | None = None   # at the first full-batch step (BlockAllocator.adjacency)
 
 
 PHASES = ("draft_ms", "verify_ms", "select_ms")
@@ -164,6 +165,7 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
     chains_before = dict(core.chains)
     full_dts, all_dts = [], []
+    adjacency, skip_next = None, False
     with common.frozen_heap(), GcPauses() as pauses:
         common.sync(engine.device)
         last = time.perf_counter()
@@ -183,8 +185,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
             if not events:
                 continue                                    # a prefill step
             if ((graphs is not None and graphs.captures != captured)
-                    or (compiles is not None and compiles() != compiled)):
+                    or (compiles is not None and compiles() != compiled) or skip_next):
                 warmup_steps += 1                           # it captured or compiled: not the rate
+                skip_next = False
                 continue
             emitted = sum(len(e.new_token_ids) for e in events)
             decode_steps += 1
@@ -192,6 +195,10 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
             all_s += dt
             all_tok += emitted
             _add_phases(all_ph, core.phase_totals)
+            if running >= workload.batch and adjacency is None:
+                # Page locality once (host work between steps: the next step is left out).
+                adjacency = core.allocator.adjacency([r.request_id for r in reqs if not r.finished])
+                skip_next = True
             if running >= workload.batch:
                 full_dts.append(dt)
                 full_steps += 1
@@ -219,7 +226,8 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
         select_ms=ph["select_ms"] / n, iteration_ms=1e3 * sec / n,
         outputs=[r.token_ids for r in results],
         chains={k: v - chains_before.get(k, 0) for k, v in core.chains.items()},
-        step_ms=_spread(full_dts if full_steps else all_dts), gc=pauses.summary())
+        step_ms=_spread(full_dts if full_steps else all_dts), gc=pauses.summary(),
+        page_adjacency=adjacency)
 
 
 class GcPauses:
@@ -364,7 +372,7 @@ def run(args, argv: list[str]) -> str:
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
                        graph_warmup_steps=stats.warmup_steps,
                        generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
-                       host_gc=stats.gc)
+                       host_gc=stats.gc, page_adjacency=stats.page_adjacency)
             if sampling_name == "greedy" and base is not None:
                 same = [a == b for a, b in zip(stats.outputs, base.outputs)]
                 rec["exact_match_vs_vanilla"] = sum(same) / len(same)

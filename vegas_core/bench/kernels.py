@@ -2,7 +2,8 @@
 the measured copy bandwidth and torch SDPA on the same dense work.
 
 Every kernel runs on random bf16 data in a paged pool with shuffled block tables (never zeros),
-after its output was checked against the PyTorch reference on a small case. Times are the median
+after its output was checked against the PyTorch reference on a small case (`--placement-sweep`
+times them with the pages placed other ways too: sequential, interleaved, scattered). Times are the median
 of `triton.testing.do_bench` (CUDA events, warm-up first). `read_TBps` = the bytes a kernel must
 read (the K/V entries it attends, plus the logits the selection reads) / time; `copy_TBps` = a
 1 GiB device-to-device copy, counting bytes read plus written, measured in the same run.
@@ -63,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order-tune", action=argparse.BooleanOptionalAction, default=False,
                    help="time verify_attention with and without its unmasked tiles (at --q-rows "
                         "and 1 row), and sparse_attention's pipeline stages and warps")
+    p.add_argument("--placement-sweep", action=argparse.BooleanOptionalAction, default=False,
+                   help="time verify_attention and sparse_attention with the pages shuffled, "
+                        "sequential, interleaved and scattered over a larger pool")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -94,13 +98,39 @@ def copy_bandwidth(device) -> float:
     return 2 * src.numel() * 4 / (us * 1e-6) / 1e12
 
 
-def paged_case(batch, context, kv_heads, dim, block_size, device, dtype=torch.bfloat16, seed=0):
-    """A pool holding `batch` requests of `context` tokens in shuffled pages."""
+PLACEMENTS = ("shuffled", "sequential", "interleaved", "scattered")
+
+
+def page_tables(batch: int, per: int, placement: str = "shuffled", spread: int = 16,
+                seed: int = 0) -> tuple[torch.Tensor, int]:
+    """Block tables [batch, per] (int32, CPU) and the pool size they address, by placement:
+    - shuffled: a random permutation of a pool holding exactly these pages (the default: no
+      locality at all between a request's consecutive pages);
+    - sequential: request i owns pages i*per .. (i+1)*per - 1 (one prefill into a fresh pool);
+    - interleaved: page j of request i is j*batch + i (decode steps appending a page to every
+      request in turn);
+    - scattered: random pages of a pool `spread` times larger (a long-lived pool's free list)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
+    n = batch * per
+    if placement == "shuffled":
+        return torch.randperm(n, generator=g).view(batch, per).to(torch.int32), n
+    if placement == "sequential":
+        return torch.arange(n, dtype=torch.int32).view(batch, per), n
+    if placement == "interleaved":
+        return torch.arange(n, dtype=torch.int32).view(per, batch).t().contiguous(), n
+    if placement == "scattered":
+        pool = n * spread
+        return torch.randperm(pool, generator=g)[:n].view(batch, per).to(torch.int32), pool
+    raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
+
+
+def paged_case(batch, context, kv_heads, dim, block_size, device, dtype=torch.bfloat16, seed=0,
+               placement: str = "shuffled"):
+    """A pool holding `batch` requests of `context` tokens, pages placed by `placement`
+    (`page_tables`; shuffled unless asked)."""
     per = math.ceil(context / block_size)
-    num_blocks = batch * per
-    perm = torch.randperm(num_blocks, generator=g)
-    tables = perm.view(batch, per).to(torch.int32).to(device)
+    tables, num_blocks = page_tables(batch, per, placement, seed=seed)
+    tables = tables.to(device)
     k = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
     v = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
     ctx = torch.full((batch,), context, dtype=torch.int32, device=device)
@@ -147,18 +177,18 @@ def _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim):
 
 
 def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps, with_sdpa=True,
-                   config: dict | None = None):
+                   config: dict | None = None, placement: str = "shuffled"):
     """Collection as the engine runs it: the collected rows and their slot map are built once per
     step (not per layer), so they are prepared outside the timed call."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     config = config or {}
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
     loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
     kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
     base = dict(shape=shape, batch=batch, context=context, q_rows=q_rows, heads=heads,
-                kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps)
+                kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps, placement=placement)
     sdpa_us, backend = _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim) if with_sdpa else (None, None)
     records, none_us = [], None
     loc_cpu = loc.cpu()
@@ -186,11 +216,12 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                  block_n: int = 32, num_splits: int | None = None, **launch):
+                  block_n: int = 32, num_splits: int | None = None, placement: str = "shuffled",
+                  **launch):
     """`launch`: sparse_attention's other options (num_warps, num_stages), recorded as given."""
     from kernels.sparse_attention import sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
     base = context - tail
     budget = max(1, math.ceil(sparsity * base))
     score = torch.rand(batch, kvh, base, device=device)
@@ -208,7 +239,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
-                block_n=block_n, num_splits=num_splits, launch=launch or None)
+                block_n=block_n, num_splits=num_splits, launch=launch or None, placement=placement)
 
 
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
@@ -271,7 +302,7 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) ->
     counts at one shape; returns the fastest config and every trial."""
     from kernels.verify_attention import default_num_splits, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
     loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
     kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
@@ -306,7 +337,7 @@ def _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy
     is recorded with its error. Records carry `sweep`."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
     loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
     rows = collected_rows(loc.cpu(), "c2q")
@@ -380,6 +411,28 @@ def tune_order(shape, batch, context, q_rows, sparsity, block_size, device, copy
         out.append(rec)
     print_sweep("order_tune", shape, out, [("verify_attention", "none", q_rows), ("verify_attention", "c2q", q_rows),
                                            ("verify_attention", "none", 1), ("sparse_attention", "none", 1)])
+    return out
+
+
+def tune_placement(shape, batch, context, q_rows, sparsity, block_size, device, copy_tbps):
+    """The same kernels with the pages placed differently in the pool (`page_tables`; records
+    with `sweep: placement`): verify_attention at `q_rows` rows and at one row, sparse_attention.
+    The kernels read whole 16-token pages either way, so what differs is locality between a
+    request's consecutive pages (address translation, DRAM rows)."""
+    out = []
+    for placement in PLACEMENTS:
+        for rows in sorted({q_rows, 1}):
+            for rec in verify_records(shape, batch, context, rows, block_size, device, copy_tbps,
+                                      with_sdpa=False, placement=placement):
+                if rec["collect"] in ("none", "c2q"):
+                    out.append(dict(rec, sweep="placement", config={"placement": placement}))
+        rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
+                            placement=placement)
+        out.append(dict(rec, sweep="placement", config={"placement": placement}))
+    print_sweep("placement", shape, out, [("verify_attention", "none", q_rows),
+                                          ("verify_attention", "c2q", q_rows),
+                                          ("verify_attention", "none", 1),
+                                          ("sparse_attention", "none", 1)])
     return out
 
 
@@ -457,6 +510,10 @@ def run(args, argv: list[str]) -> str:
         for shape in args.shapes:
             records += tune_order(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
                                   args.block_size, device, copy_tbps)
+    if args.placement_sweep:
+        for shape in args.shapes:
+            records += tune_placement(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
+                                      args.block_size, device, copy_tbps)
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
     for shape, batch, context in grid:

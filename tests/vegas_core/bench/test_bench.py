@@ -10,6 +10,7 @@ import json
 import os
 
 import pytest
+import torch
 
 from vegas_core.bench import main, texts
 from vegas_core.spec import METHODS
@@ -126,6 +127,7 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
         gc_ = r["host_gc"]
         assert gc_["collections"] >= 0 and 0 <= gc_["slowest_ms"] <= gc_["ms"] + 1e-9
         assert r["chains"]["launched"] == 0      # the CPU reference path runs no graphs
+        assert 0.0 <= r["page_adjacency"] <= 1.0  # sampled once, at the first full-batch step
         if r["method"] == "vanilla":
             assert r["speedup_vs_vanilla"] == 1.0 and r["mean_acceptance_length"] is None
             assert r["draft_ms"] == 0.0 or r["draft_ms"] < 0.05 * r["iteration_ms"]
@@ -250,6 +252,26 @@ def test_print_sweep_lists_each_group_with_its_fastest(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["order_tune smollm2 verify_attention none rows 8: {'a': 1} 10.0 us, {'a': 2} 7.5 us; best {'a': 2}",
                      "order_tune smollm2 verify_attention c2q: {'a': 5} 9.0 us; best {'a': 5}"]
+
+
+def test_page_tables_place_each_request_as_named():
+    from vegas_core.bench.kernels import PLACEMENTS, page_tables
+    batch, per = 4, 6
+    seen = {}
+    for placement in PLACEMENTS:
+        tables, pool = page_tables(batch, per, placement, spread=8)
+        assert tables.shape == (batch, per) and tables.dtype == torch.int32
+        flat = tables.flatten().tolist()
+        assert len(set(flat)) == batch * per and 0 <= min(flat) and max(flat) < pool   # no page twice
+        seen[placement] = (tables, pool)
+    seq, _ = seen["sequential"]
+    assert (seq[:, 1:] - seq[:, :-1] == 1).all()           # consecutive pages of a request adjoin
+    inter, _ = seen["interleaved"]
+    assert (inter[:, 1:] - inter[:, :-1] == batch).all() and inter[:, 0].tolist() == list(range(batch))
+    assert seen["shuffled"][1] == batch * per and seen["scattered"][1] == 8 * batch * per
+    assert not (seen["shuffled"][0][:, 1:] - seen["shuffled"][0][:, :-1] == 1).all()
+    with pytest.raises(ValueError, match="placement"):
+        page_tables(batch, per, "random")
 
 
 def test_frozen_heap_hides_what_lives_and_gives_it_back():
