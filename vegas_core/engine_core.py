@@ -15,6 +15,7 @@ collects; speculation starts from the second. The core knows nothing about text.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -25,9 +26,10 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool
 from .model_runner import BatchEntry, ModelRunner
-from .rejection import RejectionResult, greedy_accept_batch, rejection_sample
+from .random_streams import DRAFT, stream_key
+from .rejection import RejectionResult, greedy_accept_batch, rejection_sample_batch
 from .request import Request, Status
-from .sampling import SamplingParams, logits_to_probs, make_generator, sample_from_probs
+from .sampling import SamplingParams, logits_to_probs, sample_keyed
 from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
@@ -58,12 +60,12 @@ class EngineOptions:
     trace: bool = False                    # record per-iteration trace dicts on each request
     attention: str = "auto"                # "auto" (Triton on a GPU), "reference" or "triton"
     cuda_graphs: str = "auto"              # "auto" (on a GPU's kernel path), "off" (eager) or "static"
-    multi_step: int = 16                   # with CUDA graphs and no trace: plain greedy decode steps a
+    multi_step: int = 16                   # with CUDA graphs and no trace: plain decode steps a
                                            # vanilla batch runs on the GPU per host round trip (16:
                                            # the host's share per step halves from 8, and a request
                                            # that stops early wastes at most 15 steps of one row)
     run_ahead: bool = True                 # with CUDA graphs and no trace: launch the next iteration's
-                                           # greedy chain before returning (see EngineCore._run_ahead)
+                                           # chain before returning (see EngineCore._run_ahead)
 
 
 class EngineCore:
@@ -104,7 +106,7 @@ class EngineCore:
         spec = spec or self.spec
         self._validate(prompt_ids, sampling, spec)
         req = Request(list(prompt_ids), sampling, spec)
-        req.generator = make_generator(sampling.seed, self.device)
+        req.rng_key = stream_key(sampling.seed)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
         return req
@@ -253,15 +255,17 @@ class EngineCore:
             entries, logits, collector = self._verify(reqs, drafts, on_device)
             argmax = logits.argmax(dim=-1) if all(r.sampling.is_greedy for r in reqs) else None
             targets = self._targets(argmax, drafts, on_device)
+            sampled = None if argmax is not None else \
+                self._launch_sampled(reqs, entries, drafts, qprobs, logits, on_device)
             m_verify = self._mark()
             verify_span = (m_draft, m_verify)
             # Selections that do not depend on what is accepted are launched before the host
             # waits for the targets, so the GPU selects while the host accepts.
             if self._select_all(reqs, entries, bases, None, collector):
                 selecting.append((m_verify, self._mark()))
-            if self._launch_early(reqs, on_device, argmax):
+            if self._launch_early(reqs, on_device, argmax, sampled):
                 m_gpu_end = self._ahead.marks[0]    # this iteration's work ends where the chain starts
-            results = self._accept_all(reqs, entries, drafts, qprobs, logits, targets)
+            results = self._accept_all(reqs, entries, drafts, logits, targets, sampled)
             m_late = self._mark()
             if self._select_all(reqs, entries, bases, results, collector):
                 selecting.append((m_late, self._mark()))
@@ -300,10 +304,10 @@ class EngineCore:
                 out.iteration.update(timings)
         return outputs
 
-    # -- chains: greedy one-row steps on the GPU, maybe launched an iteration ahead ---------------
+    # -- chains: one-row steps on the GPU, maybe launched an iteration ahead -------------------
     def _run_ahead(self) -> None:
-        """Launch the next iteration's chain (the drafts of a greedy speculative batch, or a
-        greedy vanilla batch's plain steps) now, when the next batch is already certain, so the
+        """Launch the next iteration's chain (the drafts of a speculative batch, or a vanilla
+        batch's plain steps) now, when the next batch is already certain, so the
         GPU works while the host returns this iteration's outputs and schedules the next. The
         next batch is certain when nothing waits or needs a prefill and the pool holds every
         request's next slots (`Scheduler.certain_decode_batch`, `reserve`); the chain is used only if
@@ -311,7 +315,7 @@ class EngineCore:
         is harmless: its K/V writes land in its requests' own reserved slots, before (in stream
         order) anything that reuses them."""
         batch = self.scheduler.certain_decode_batch() if self.run_ahead else None
-        if not batch or not all(r.sampling.is_greedy for r in batch):
+        if not batch:
             return
         if all(r.spec.speculative and r.selection is not None for r in batch):
             kind = "draft"
@@ -325,18 +329,20 @@ class EngineCore:
         if self._ahead is not None:
             self.chains["ahead"] += 1
 
-    def _launch_early(self, reqs: list[Request], on_device, argmax) -> bool:
+    def _launch_early(self, reqs: list[Request], on_device, argmax, sampled=None) -> bool:
         """Launch the next iteration's draft chain right behind this verification, before the
-        host has read what it accepted: greedy acceptance runs on the device
-        (`greedy_accept_batch`) and the chain starts from its tokens and positions, so the GPU
-        drafts while the host accepts, emits and returns (instead of idling until `_run_ahead`).
+        host has read what it accepted: acceptance runs on the device (`greedy_accept_batch`, or
+        the sampled batch's `rejection_sample_batch` already launched: `sampled`) and the chain
+        starts from its tokens and positions, so the GPU drafts while the host accepts, emits
+        and returns (instead of idling until `_run_ahead`).
 
-        Only for a greedy batch that drafted on the GPU this iteration, whose next batch is
+        Only for a batch that drafted on the GPU this iteration, whose next batch is
         already certain to be itself (none may reach max_tokens now), with selections that do
         not depend on what is accepted (not SpecExtend's). The pages are reserved for the most
         the chain may write (every draft accepted); `_keep_early` then keeps the chain, or drops
         it when the batch changed."""
-        if not self.run_ahead or on_device is None or argmax is None or len(on_device[1]) != len(reqs) \
+        if not self.run_ahead or on_device is None or (argmax is None and sampled is None) \
+                or len(on_device[1]) != len(reqs) \
                 or any(r.spec.method == "specextend" or r.selection is None for r in reqs):
             return False
         if any(r.num_generated + 1 + r.spec.gamma >= r.sampling.max_tokens for r in reqs):
@@ -347,21 +353,27 @@ class EngineCore:
         if rows is None or not self.scheduler.reserve(reqs, extra=[1 + r.spec.gamma for r in reqs]):
             return False
         qloc, firsts = rows
-        accepted, nxt = greedy_accept_batch(on_device[0], argmax, qloc)
+        if argmax is not None:
+            accepted, nxt = greedy_accept_batch(on_device[0], argmax, qloc)
+        else:
+            accepted, nxt = sampled.accepted, sampled.token
         limits = [r.spec.gamma for r in reqs]
         # Host-side placeholders at the furthest start (every draft accepted); the device's
         # numbers replace them.
         entries = [BatchEntry(r.request_id, [0], r.num_cached + 1 + g, sparse=r.selection, logits="last")
                    for r, g in zip(reqs, limits)]
         start = self._mark()
+        sampling = _chain_sampling(reqs)
         tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
-                                   first=(nxt, firsts + accepted + 1))
+                                   first=(nxt, firsts + accepted + 1), sampling=sampling)
         if tokens is None:
             return False
         self.chains["launched"] += 1
         self.chains["ahead"] += 1
         self.chains["early"] += 1
-        self._ahead = _Chain("draft", None, limits, tokens, (start, self._mark()), [r.selection for r in reqs])
+        probs = self.runner.graphs.chain_probs(max(limits), len(reqs)) if sampling else None
+        self._ahead = _Chain("draft", None, limits, tokens, (start, self._mark()),
+                             [r.selection for r in reqs], probs)
         return True
 
     def _keep_early(self, reqs: list[Request]) -> bool:
@@ -403,12 +415,15 @@ class EngineCore:
             limits = [lookahead(r, self.decode_steps) for r in reqs]
             entries = [BatchEntry(r.request_id, [r.token_ids[-1]], r.num_cached, logits="all") for r in reqs]
         start = self._mark()
-        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False)
+        sampling = _chain_sampling(reqs)
+        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
+                                   sampling=sampling)
         if tokens is None:
             return None
         self.chains["launched"] += 1
+        probs = self.runner.graphs.chain_probs(max(limits), len(reqs)) if sampling and kind == "draft" else None
         return _Chain(kind, _chain_state(reqs), limits, tokens, (start, self._mark()),
-                      [r.selection for r in reqs])
+                      [r.selection for r in reqs], probs)
 
     def _targets(self, argmax, drafts, on_device):
         """At temperature 0 for the whole batch (`argmax`: every row's, None for a sampled batch):
@@ -435,32 +450,82 @@ class EngineCore:
             return values[:n_rows]
         return read
 
-    def _accept_all(self, reqs, entries, drafts, qprobs, logits, targets) -> list[RejectionResult]:
-        results, row = [], 0
+    def _accept_all(self, reqs, entries, drafts, logits, targets, sampled) -> list[RejectionResult]:
         # Temperature 0 for the whole batch: every row's argmax in one op and one host read
         # (`_targets`), instead of a probability table, a sampler call and a read per request.
-        targets = targets() if targets is not None else None
-        probs = None
-        if targets is None:
-            # Every row's target distribution in one call (one sort of the vocabulary for the
-            # whole batch when a request filters by top-k/top-p/min-p), not one per request.
-            probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens])
-        for req, entry in zip(reqs, entries):
-            n = len(entry.tokens)
-            if targets is not None:
-                res = self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n], logits[row:row + n])
-            else:
-                res = self._accept(req, drafts.get(req.request_id, []), qprobs.get(req.request_id),
-                                   probs[row:row + n], logits[row:row + n])
+        if targets is not None:
+            targets, results, row = targets(), [], 0
+            for req, entry in zip(reqs, entries):
+                n = len(entry.tokens)
+                results.append(self._accept_greedy(drafts.get(req.request_id, []), targets[row:row + n],
+                                                   logits[row:row + n]))
+                row += n
+            return results
+        return sampled.read()
+
+    def _launch_sampled(self, reqs, entries, drafts, qprobs, logits, on_device=None) -> "_Sampled":
+        """Rejection sampling for the whole batch in tensor ops (`rejection_sample_batch`, each
+        request on its own counter-based stream), launched now; `read()` then makes the one host
+        read and gives the results. Greedy requests in the batch have one-hot distributions,
+        which it matches by argmax as the greedy path does."""
+        dev = logits.device
+        # Every row's target distribution in one call (one sort of the vocabulary for the whole
+        # batch when a request filters by top-k/top-p/min-p), not one per request.
+        probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens])
+        lists = [drafts.get(r.request_id, []) for r in reqs]
+        width = max(map(len, lists), default=0)
+        n = len(reqs)
+        counts = [len(d) for d in lists]
+        q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
+        if on_device is None:
+            grid = torch.tensor([d + [0] * (width - len(d)) for d in lists], dtype=torch.long).view(n, width).to(dev)
+            row_of = {r.request_id: i for i, r in enumerate(reqs)}
+            for j, step_probs, rids in qprobs:  # a draft step's missing rows (greedy): q 0, see below
+                q[torch.tensor([row_of[rid] for rid in rids], device=dev), j] = step_probs.to(probs.dtype)
+        else:
+            # Chained drafts: tokens [steps, column] and distributions [steps, column, V] on the
+            # device; the lists are placeholders, filled from the one read below.
+            tokens, columns = on_device
+            rows = [i for i, r in enumerate(reqs) if r.request_id in columns]
+            cols = torch.tensor([columns[reqs[i].request_id] for i in rows], device=dev)
+            rows_t = torch.tensor(rows, device=dev)
+            grid = torch.zeros(n, width, dtype=torch.long, device=dev)
+            grid[rows_t] = tokens[:width].t()[cols]
+            if torch.is_tensor(qprobs):
+                q[rows_t] = qprobs[:width].transpose(0, 1)[cols].to(probs.dtype)
+        qloc = torch.tensor([0] + [len(e.tokens) for e in entries]).cumsum(0)
+        host = torch.tensor([counts, [r.rng_key for r in reqs], [len(r.token_ids) for r in reqs]],
+                            dtype=torch.long)
+        on_dev = host.to(dev)
+        accepted, token, q_d, p_d = rejection_sample_batch(
+            grid, on_dev[0], q, probs, qloc.to(dev), on_dev[1], on_dev[2])
+        packed = torch.cat([accepted[:, None].double(), token[:, None].double(), q_d.double(),
+                            p_d.double(), grid.double()], dim=1)
+        return _Sampled(accepted, token, lambda: self._sampled_results(reqs, entries, lists, counts, width,
+                                                                      packed.cpu().tolist(), logits))
+
+    def _sampled_results(self, reqs, entries, lists, counts, width, packed, logits) -> list[RejectionResult]:
+        results = []
+        row = 0
+        for req, entry, d, k, vals in zip(reqs, entries, lists, counts, packed):
+            a, tok = int(vals[0]), int(vals[1])
+            d[:] = [int(x) for x in vals[2 + 2 * width:2 + 2 * width + k]]    # the drafts, as drafted
+            res = RejectionResult(num_accepted=a, tokens=d[:a] + [tok], bonus=k > 0 and a == k,
+                                  draft_probs=vals[2:2 + k], target_probs=vals[2 + width:2 + width + k])
+            if req.sampling.is_greedy:      # as `_accept_greedy` reports it (q is one-hot)
+                res.draft_probs = [1.0] * k
+                if d and self.options.trace:
+                    res.target_probs = _draft_confidence(logits[row:row + len(entry.tokens)], d)
             results.append(res)
-            row += n
+            row += len(entry.tokens)
         return results
 
     def _decode_chained(self, reqs):
-        """A greedy vanilla batch on CUDA graphs: up to `multi_step` plain decode steps chained on
-        the GPU, one host round trip for all of them (the same tokens as one step at a time).
-        Returns the results or None (then one step runs the usual way)."""
-        if self.decode_steps <= 1 or any(r.spec.speculative or not r.sampling.is_greedy for r in reqs):
+        """A vanilla batch on CUDA graphs: up to `multi_step` plain decode steps chained on the
+        GPU (argmax, or sampled in the graph from each request's stream), one host round trip
+        for all of them (the same tokens as one step at a time). Returns the results or None
+        (then one step runs the usual way)."""
+        if self.decode_steps <= 1 or any(r.spec.speculative for r in reqs):
             return None
         chain = self._take_chain("decode", reqs)
         if chain is None:
@@ -470,19 +535,23 @@ class EngineCore:
                                 target_probs=[]) for i, n in enumerate(chain.limits)]
 
     def _draft(self, reqs):
-        """Drafts (lists by request id), draft distributions of sampled drafts, and for greedy
-        drafts chained on the GPU (tokens [steps, n] on the device, column by request id): their
-        lists are then placeholders, filled once the verification's targets are read."""
+        """Drafts (lists by request id), draft distributions of sampled drafts, and for drafts
+        chained on the GPU (tokens [steps, n] on the device, column by request id): their lists
+        are then placeholders, filled once the host reads the verification's outcome."""
         drafting = [r for r in reqs if r.spec.speculative and r.selection is not None]
         drafts = {r.request_id: [] for r in drafting}
-        qprobs = {r.request_id: [] for r in drafting}
-        if drafting and all(r.sampling.is_greedy for r in drafting):
-            # Greedy drafts chained on the GPU: every draft step with no host round trip, and the
-            # verification reads them there.
+        # Sampled drafts' distributions: (step, probabilities [active, V], their request ids) per
+        # step, or a chain's [steps, chain column, V] on the device.
+        qprobs = []
+        if drafting:
+            # Drafts chained on the GPU: every draft step with no host round trip, and the
+            # verification reads them there (sampled drafts keep their distributions there too).
             chain = self._take_chain("draft", drafting)
             if chain is not None:
                 for r, g in zip(drafting, chain.limits):
                     drafts[r.request_id] = [0] * g
+                if chain.probs is not None:
+                    qprobs = chain.probs
                 return drafts, qprobs, (chain.tokens, {r.request_id: i for i, r in enumerate(drafting)})
         for j in range(max((r.spec.gamma for r in drafting), default=0)):
             active = [r for r in drafting if r.spec.gamma > j]
@@ -496,10 +565,12 @@ class EngineCore:
                     drafts[r.request_id].append(tok)
                 continue
             probs = logits_to_probs(logits, [r.sampling for r in active])
-            tokens = sample_from_probs(probs, [r.generator for r in active]).tolist()
-            for r, tok, pr in zip(active, tokens, probs):
+            where = torch.tensor([[r.rng_key for r in active], [len(r.token_ids) + j for r in active]],
+                                 dtype=torch.long).to(probs.device)
+            tokens = sample_keyed(probs, where[0], where[1], DRAFT).tolist()
+            for r, tok in zip(active, tokens):
                 drafts[r.request_id].append(int(tok))
-                qprobs[r.request_id].append(pr)
+            qprobs.append((j, probs, [r.request_id for r in active]))
         return drafts, qprobs, None
 
     def _verify(self, reqs, drafts, on_device=None):
@@ -514,17 +585,6 @@ class EngineCore:
                                       device_drafts=columns.get(r.request_id)))
         logits = self.runner.forward(entries, self.allocator, collector, graph=True)
         return entries, logits, collector
-
-    def _accept(self, req: Request, drafts: list[int], qprobs, p: torch.Tensor, logits: torch.Tensor):
-        """Rejection sampling of one request's drafts against its target distributions `p`."""
-        if drafts:
-            res = rejection_sample(drafts, torch.stack(qprobs), p, req.generator, req.sampling.is_greedy)
-        else:
-            tok = int(sample_from_probs(p[:1], [req.generator])[0])
-            res = RejectionResult(num_accepted=0, tokens=[tok], bonus=False, draft_probs=[], target_probs=[])
-        if req.sampling.is_greedy and drafts and self.options.trace:
-            res.target_probs = _draft_confidence(logits, drafts)
-        return res
 
     def _accept_greedy(self, drafts: list[int], targets: list[int], logits: torch.Tensor) -> RejectionResult:
         """Greedy acceptance from the target's argmax per row (what `rejection_sample` does with
@@ -615,13 +675,30 @@ class EngineCore:
 
 @dataclass
 class _Chain:
-    """Greedy one-row steps chained on the GPU for a batch (`ModelRunner.chain`)."""
+    """One-row steps chained on the GPU for a batch (`ModelRunner.chain`)."""
     kind: str                      # "draft": a speculative batch's drafts; "decode": vanilla steps
     state: tuple                   # what the launch read of each request (`_chain_state`)
     limits: list[int]              # steps per request
     tokens: torch.Tensor           # [max(limits), batch] on the device
     marks: tuple                   # timing marks around the launch
     selections: list               # held, so the state's selection ids stay unique
+    probs: torch.Tensor | None = None   # sampled drafts: their distributions [steps, batch, V]
+
+
+@dataclass
+class _Sampled:
+    """A sampled batch's rejection sampling, launched (`EngineCore._launch_sampled`)."""
+    accepted: torch.Tensor         # [n] drafts accepted, on the device
+    token: torch.Tensor            # [n] the correction or bonus token, on the device
+    read: Callable[[], list]       # the one host read: the results
+
+
+def _chain_sampling(reqs: list[Request]):
+    """What a chain over `reqs` samples with: None (argmax) for an all-greedy batch, else each
+    request's sampling parameters and stream key."""
+    if all(r.sampling.is_greedy for r in reqs):
+        return None
+    return [r.sampling for r in reqs], [r.rng_key for r in reqs]
 
 
 def _chain_state(reqs: list[Request]) -> tuple:

@@ -21,8 +21,10 @@ iteration share them); the selections in an [L, B, G, W] buffer copied when the 
 reads after the replay. Padding rows write their K/V to the pool's scratch slot; padding requests
 have no rows and no context, so every kernel skips them.
 
-Chains (`run_chain`): for greedy one-row-per-request steps (draft steps; plain decode steps of a
-vanilla batch) the graph also advances itself: its argmax becomes the next step's input, positions
+Chains (`run_chain`): for one-row-per-request steps (draft steps; plain decode steps of a vanilla
+batch) the graph also advances itself: its argmax, or for a sampled batch a sample from each
+request's counter-based stream (`random_streams`; the draft distributions are kept for the
+rejection sampling), becomes the next step's input, positions
 and contexts move on by one and each request's K/V slot follows its table, writing to the scratch
 slot past the request's own number of steps. Replayed `steps` times with no host round trip in
 between; the tokens are read back once, or not at all: a verification whose entries name a chain
@@ -45,6 +47,8 @@ from kernels.select import quest_sizes
 from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
+from .random_streams import DRAFT, TOKEN
+from .sampling import is_filtered, probs_from_tensors, sample_keyed, sampling_tensors
 from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
 from .spec.params import MAX_GAMMA
 from .spec.views import BlockQuestSelection, FixedSelection
@@ -62,6 +66,7 @@ class GraphKey:
     groups: int = 1      # drafts: sets per layer
     pages: int = 0       # quest: selected pages at most
     chain: bool = False  # one row per request, advancing itself (see `GraphRunner.run_chain`)
+    sampled: int = 0     # chain: 0 argmax, 1 sampled, 2 sampled with top-k/top-p/min-p filters
 
     @property
     def tokens(self) -> int:
@@ -107,13 +112,13 @@ class _Buffers:
     then the fields the kernels read as int32 (converted in the graph): ctx, tail, counts,
     pages [B each], qloc [B + 1], row_slot [T]."""
 
-    I64 = ("ids", "pos", "slots", "seq_lens", "crow", "src", "limit", "step")
+    I64 = ("ids", "pos", "slots", "seq_lens", "crow", "src", "limit", "step", "key")
     I32 = ("ctx", "tail", "counts", "pages", "qloc", "row_slot")
 
     def __init__(self, max_batch: int, blocks: int, device: torch.device):
         self.max_batch, self.max_tokens = max_batch, max_batch * MAX_Q_ROWS
         sizes = {name: self.max_tokens for name in self.I64}
-        sizes.update(limit=max_batch, step=1, ctx=max_batch, tail=max_batch, counts=max_batch,
+        sizes.update(limit=max_batch, step=1, key=max_batch, ctx=max_batch, tail=max_batch, counts=max_batch,
                      pages=max_batch, qloc=max_batch + 1, row_slot=self.max_tokens)
         self.offsets, at = {}, 0
         for name in self.I64 + self.I32:
@@ -127,6 +132,10 @@ class _Buffers:
         self.dev_tables = torch.zeros(max_batch, blocks, dtype=torch.int32, device=device)
         self.np = self.host.numpy()
         self.np_tables = self.host_tables.numpy()
+        # A sampled chain's per-request sampling (`sampling.sampling_tensors`: temperature,
+        # top-k, top-p, min-p), float32 [4, B].
+        self.host_sampling = torch.zeros(4, max_batch, dtype=torch.float32, pin_memory=pin)
+        self.dev_sampling = torch.zeros(4, max_batch, dtype=torch.float32, device=device)
         self.copied = torch.cuda.Event() if pin else None
 
     def field(self, name: str, n: int) -> np.ndarray:
@@ -141,6 +150,7 @@ class _Buffers:
 
     def upload(self) -> None:
         self.dev.copy_(self.host, non_blocking=True)
+        self.dev_sampling.copy_(self.host_sampling, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
 
@@ -151,7 +161,7 @@ class _Buffers:
         out = {}
         for name in self.I64:
             at = self.offsets[name]
-            out[name] = self.dev[at:at + {"limit": b, "step": 1}.get(name, t)]
+            out[name] = self.dev[at:at + {"limit": b, "step": 1, "key": b}.get(name, t)]
         at = self.offsets["ctx"]
         out["ctx64"] = self.dev[at:at + b]          # the int64 source of ctx (a chain advances it)
         for name in self.I32:
@@ -159,6 +169,7 @@ class _Buffers:
             n = {"qloc": b + 1, "row_slot": t}.get(name, b)
             out[name] = i32[at:at + n]
         out["tables"] = self.dev_tables[:b]
+        out["sampling"] = self.dev_sampling[:, :b]
         return out
 
 
@@ -183,6 +194,7 @@ class GraphRunner:
         self._logits: torch.Tensor | None = None           # [L, R, H, W] bf16
         self._lse: torch.Tensor | None = None              # [L, T, H] float32
         self._hist = torch.zeros(MAX_CHAIN, self.max_batch, dtype=torch.int64, device=runner.device)
+        self._qhist: torch.Tensor | None = None    # [MAX_CHAIN, B, V]: sampled drafts' distributions
         self._tables_sig = self._indices_sig = None
         self._seq_tables: dict[int, tuple[int, np.ndarray]] = {}
         self._last: GraphKey | None = None       # the last forward's graph (None: not a graph)
@@ -213,11 +225,17 @@ class GraphRunner:
         return qloc, dev[off["pos"]:off["pos"] + key.tokens][qloc[:-1]]
 
     def run_chain(self, entries, allocator, steps: int, limits: list[int], to_host: bool = True,
-                  first: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Greedy tokens [steps, len(entries)] of `steps` chained one-row forwards: step 0 feeds
-        the entries' tokens, step j the argmax of step j - 1; request i runs `limits[i]` steps
+                  first: tuple[torch.Tensor, torch.Tensor] | None = None, sampling=None):
+        """Tokens [steps, len(entries)] of `steps` chained one-row forwards: step 0 feeds the
+        entries' tokens, step j the token step j - 1 chose; request i runs `limits[i]` steps
         (1..steps), its later rows are garbage. Numpy, or with `to_host=False` a view of the
         history on the device (valid until the next chain). None when no graph takes these entries.
+
+        A step chooses the argmax, or with `sampling` (a `SamplingParams` and a stream key per
+        entry) samples in the graph from each request's own stream (`sample_keyed`, at the
+        position the token will take): a draft step with the DRAFT draws, keeping its
+        distribution for the verification's rejection sampling (`chain_probs`), a plain decode
+        step with the TOKEN draws, what one step at a time draws.
 
         `first` (ids [n], positions [n] on the device) replaces the entries' tokens and starts,
         so a chain can start from numbers the host has not seen (greedy acceptance on the
@@ -227,8 +245,11 @@ class GraphRunner:
         if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN \
                 or any(e.start + steps > self.width for e in entries):
             return None
-        key = replace(key, chain=True)
+        mode = 0 if sampling is None else 2 if is_filtered(sampling[0]) else 1
+        key = replace(key, chain=True, sampled=mode)
         self._fill(entries, allocator, key, None)
+        if mode:
+            self._fill_sampling(*sampling, key)
         limit = self.buf.field("limit", key.batch)
         limit[:len(entries)], limit[len(entries):] = limits, 0
         self.buf.field("step", 1)[0] = 0
@@ -240,6 +261,22 @@ class GraphRunner:
             graph.replay()
         tokens = self._hist[:steps, :len(entries)]
         return tokens.cpu().numpy() if to_host else tokens
+
+    def chain_probs(self, steps: int, n: int) -> torch.Tensor:
+        """[steps, n, V] on the device: the distributions the last sampled draft chain drew from
+        (valid until the next chain)."""
+        return self._qhist[:steps, :n]
+
+    def _fill_sampling(self, params, keys, key: GraphKey) -> None:
+        n, vocab = len(params), self.runner.config.vocab_size
+        f = self.buf.host_sampling[:, :key.batch]
+        f[:, :n] = sampling_tensors(params, vocab, "cpu")
+        f[0, n:], f[1, n:], f[2, n:], f[3, n:] = 0.0, vocab, 1.0, 0.0     # padding: greedy
+        field = self.buf.field("key", key.batch)
+        field[:n], field[n:] = keys, 0
+        if key.kind != "dense" and self._qhist is None:   # before any graph writes it
+            self._qhist = torch.zeros(MAX_CHAIN, self.max_batch, vocab, dtype=torch.float32,
+                                      device=self.runner.device)
 
     def _start_at(self, n: int, ids: torch.Tensor, pos: torch.Tensor) -> None:
         """Overwrite the uploaded first-step numbers of a chain's n requests on the device: their
@@ -456,15 +493,23 @@ class GraphRunner:
             ids = torch.where(src >= 0, self._hist.view(-1)[src.clamp(min=0)], ids)
         logits = self.runner.model(ids, v["pos"], self.runner.pool, meta, None, v["seq_lens"])
         if key.chain:
-            self._advance(v, logits)
+            self._advance(key, v, logits)
         return logits
 
-    def _advance(self, v: dict, logits: torch.Tensor) -> None:
-        """A chain's step in the graph: record the argmax, feed it next, move every position on
-        by one, and point each request's next K/V write at its page (the scratch slot once it has
-        run its `limit` steps, or for padding requests)."""
-        nxt = logits.argmax(dim=-1)
+    def _advance(self, key: GraphKey, v: dict, logits: torch.Tensor) -> None:
+        """A chain's step in the graph: record the token chosen (the argmax, or a sample from the
+        request's stream at the position it takes), feed it next, move every position on by one,
+        and point each request's next K/V write at its page (the scratch slot once it has run
+        its `limit` steps, or for padding requests)."""
         step = v["step"]
+        if key.sampled:
+            t = v["sampling"]
+            probs = probs_from_tensors(logits, t[0], t[1], t[2], t[3], filtered=key.sampled == 2)
+            nxt = sample_keyed(probs, v["key"], v["pos"] + 1, TOKEN if key.kind == "dense" else DRAFT)
+            if key.kind != "dense":
+                self._qhist[:, :probs.shape[0]].index_copy_(0, step, probs[None])
+        else:
+            nxt = logits.argmax(dim=-1)
         self._hist[:, :nxt.shape[0]].index_copy_(0, step, nxt[None])
         v["ids"].copy_(nxt)
         for name in ("pos", "seq_lens", "ctx64", "step"):

@@ -155,14 +155,15 @@ class ModelRunner:
                           torch.tensor(rows, dtype=torch.long).to(dev), torch.tensor(seq_lens).to(dev))
 
     def chain(self, entries: list[BatchEntry], allocator: BlockAllocator, steps: int,
-              limits: list[int], to_host: bool = True, first=None):
-        """Greedy tokens [steps, len(entries)] of `steps` one-row forwards chained on the GPU
+              limits: list[int], to_host: bool = True, first=None, sampling=None):
+        """Tokens [steps, len(entries)] of `steps` one-row forwards chained on the GPU
         (`GraphRunner.run_chain`; numpy, or with `to_host=False` a device view valid until the next
-        chain; `first`: device tokens and positions to start from), or None when CUDA graphs
-        cannot run them (the caller then steps one forward at a time)."""
+        chain; `first`: device tokens and positions to start from; `sampling`: (params, stream
+        keys) to sample instead of taking the argmax), or None when CUDA graphs cannot run them
+        (the caller then steps one forward at a time)."""
         if self.graphs is None:
             return None
-        return self.graphs.run_chain(entries, allocator, steps, limits, to_host, first)
+        return self.graphs.run_chain(entries, allocator, steps, limits, to_host, first, sampling)
 
     def slots(self, allocator: BlockAllocator, seq_id: int, start: int, end: int) -> torch.Tensor:
         """Pool slots of positions [start, end) of one sequence."""

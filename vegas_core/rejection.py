@@ -7,6 +7,10 @@ exactly one correction or bonus token. The emitted tokens are distributed exactl
 one token at a time (lossless). Greedy mode is argmax matching. With k = 0 the single token is a plain
 sample from p_0 and counts as a normal decode token (bonus=False). The generator (or torch's global RNG
 when None) must live on target_probs' device; a seeded generator makes runs repeat exactly.
+
+`rejection_sample_batch` is the engine's form of the same rule for a whole batch in tensor ops (no
+host read), drawing from each request's counter-based stream (`random_streams`); the per-request
+`rejection_sample` is its reference.
 """
 from __future__ import annotations
 
@@ -15,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .sampling import sample_from_probs
+from .random_streams import ACCEPT, TOKEN, uniforms
+from .sampling import sample_from_probs, sample_keyed
 
 
 @dataclass
@@ -89,3 +94,42 @@ def greedy_accept_batch(drafts: Tensor, targets: Tensor, qloc: Tensor) -> tuple[
     match = (drafts[:, :n] == targets[rows]) & (j < k[None])
     accepted = match.long().cumprod(dim=0).sum(dim=0)
     return accepted, targets[starts + accepted]
+
+
+def rejection_sample_batch(drafts: Tensor, counts: Tensor, draft_probs: Tensor, target_probs: Tensor,
+                           qloc: Tensor, keys: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+    """`rejection_sample(..., greedy=False)` for every request of a batch at once.
+
+    drafts [n, K] long: request i's k_i = counts[i] drafts first in its row (padding ignored);
+    draft_probs [n, K, V]: q for each draft (padding rows ignored); target_probs [T, V]: p, request
+    i's k_i + 1 rows starting at flat row qloc[i] (qloc [n + 1]); keys [n]: stream keys;
+    positions [n]: the sequence position of each request's first draft (the token after the last
+    kept one). Draft j is accepted with the ACCEPT draw at position + j, the last token sampled with
+    the TOKEN draw at position + accepted, from norm(max(0, p - q)) after a rejection (p itself if
+    that is all zero) or from p after the last draft (k_i = 0: a plain sample).
+
+    Returns (accepted [n], token [n], q_d [n, K], p_d [n, K]): drafts accepted, the correction or
+    bonus token, and each draft's probability under q and p (padding columns 0). Greedy rows
+    (one-hot q and p) follow argmax matching exactly."""
+    n, width = drafts.shape
+    dev = target_probs.device
+    j = torch.arange(width, device=dev)
+    real = j[None, :] < counts[:, None]
+    d = torch.where(real, drafts, 0)
+    rows = (qloc[:-1, None] + j[None, :]).clamp(max=target_probs.shape[0] - 1)
+    p_d = torch.where(real, target_probs[rows, d].float(), 0.0)
+    q_d = torch.where(real, draft_probs.gather(2, d[:, :, None])[:, :, 0].float(), 0.0) if width else p_d
+    u = uniforms(keys, positions[:, None] + j[None, :], ACCEPT)
+    accept = (u * q_d < p_d) & real                           # u < p/q without dividing
+    accepted = accept.long().cumprod(dim=1).sum(dim=1)
+    p_n = target_probs[qloc[:-1] + accepted].float()           # [n, V]
+    if width:
+        q_n = draft_probs[torch.arange(n, device=dev), accepted.clamp(max=width - 1)].float()
+        rejected = (accepted < counts)[:, None]
+        residual = torch.where(rejected, (p_n - q_n).clamp_min(0), p_n)
+        # All-zero residual: p == q up to rounding at the rejected position; sample p (see above).
+        weights = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_n)
+    else:
+        weights = p_n
+    token = sample_keyed(weights, keys, positions + accepted, TOKEN)
+    return accepted, token, q_d, p_d

@@ -7,8 +7,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from .sampling import SamplingParams
 from .spec import SpecParams
 
@@ -33,7 +31,7 @@ class Request:
     num_cached: int = 0        # leading tokens whose K/V are valid in the pool
     finish_reason: str | None = None
     error: str | None = None
-    generator: torch.Generator | None = None
+    rng_key: int = 0           # its counter-based random stream (`random_streams`), from the seed
     # Speculation state: the selected sets for the next draft phase (None until the first verification).
     selection: Any = None
     policy_cache: dict = field(default_factory=dict)  # e.g. quest page bounds, reset on preemption

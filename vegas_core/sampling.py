@@ -9,6 +9,12 @@ Contract:
   needs no host sync.
 - `sample_from_probs(probs[N, V], generators)` draws one token per row with that row's generator
   (None: torch's global generator). One-hot rows always give their argmax. Seeded runs repeat exactly.
+  The per-request reference (one draw per row, a host read to spot greedy rows).
+- `sample_keyed(weights[N, V], keys, positions, tag)`: the engine's batched form, one token per row
+  from that row's counter-based stream (`random_streams`): the exponential race, argmax_j
+  w_j / E_j with E_j = -log(u_j) exponential, which picks j with probability w_j / sum(w). The
+  weights need not be normalised (a residual max(0, p - q) works as is); zero weights are never
+  picked; a one-hot row gives its token. One vectorised call, no host read.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import torch
 from torch import Tensor
 
 from .errors import InvalidRequestError
+from .random_streams import uniforms
 
 
 def _is_number(x) -> bool:
@@ -77,41 +84,64 @@ def logits_to_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
     """[N, V] logits -> [N, V] float32 probabilities; row i follows params[i]."""
     if logits.dim() != 2 or logits.shape[0] != len(params):
         raise ValueError(f"logits of shape {tuple(logits.shape)} do not match {len(params)} params")
-    logits = logits.float()
-    vocab = logits.shape[1]
-    dev = logits.device
-    greedy = [p.is_greedy for p in params]
-    one_hot = torch.zeros_like(logits).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
-    if all(greedy):
-        return one_hot
+    if all(p.is_greedy for p in params):
+        return _one_hot(logits.float())
+    t = sampling_tensors(params, logits.shape[1], logits.device)
+    return probs_from_tensors(logits, *t, filtered=is_filtered(params))
 
-    temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=dev)
-    x = logits / temps[:, None]
-    filtered = any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
+
+def is_filtered(params: list[SamplingParams]) -> bool:
+    """Whether any row filters (top-k, top-p or min-p): `probs_from_tensors` then sorts."""
+    return any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
+
+
+def sampling_tensors(params: list[SamplingParams], vocab: int, device) -> Tensor:
+    """float32 [4, N]: per row temperature (0: greedy), top-k (vocab when off), top-p, min-p;
+    what `probs_from_tensors` takes (a CUDA graph keeps them in a static buffer)."""
+    return torch.tensor([[p.temperature for p in params],
+                         [p.top_k if p.top_k > 0 else vocab for p in params],
+                         [p.top_p for p in params], [p.min_p for p in params]],
+                        dtype=torch.float32, device=device)
+
+
+def _one_hot(x: Tensor) -> Tensor:
+    return torch.zeros_like(x).scatter_(1, x.argmax(dim=-1, keepdim=True), 1.0)
+
+
+def probs_from_tensors(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor,
+                       filtered: bool = True) -> Tensor:
+    """`logits_to_probs` on per-row tensors [N] (see `sampling_tensors`), with no host read, so it
+    can be captured in a CUDA graph. `filtered` False skips the top-k/top-p/min-p work (valid when
+    no row filters); the two forms round differently, so callers that must agree choose alike."""
+    x = logits.float()
+    greedy = (temperature == 0)[:, None]
+    one_hot = _one_hot(x)
+    x = x / torch.where(greedy[:, 0], 1.0, temperature)[:, None]
     if not filtered:
         probs = torch.softmax(x, dim=-1)
     else:
         # Work in sorted order (stable: ties keep the lower index first), then scatter back.
         sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-        pos = torch.arange(vocab, device=dev)
-        top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=dev)
-        sorted_x = sorted_x.masked_fill(pos >= top_k[:, None], float("-inf"))  # exactly k survive
-        sp = torch.softmax(sorted_x, dim=-1)
-        # Nucleus: keep token j while the mass strictly before it is < top_p; this is the smallest set
-        # whose mass reaches top_p and always keeps the first token. Rows with top_p == 1 skip it, so
-        # rounding in the cumulative sum never drops tail tokens there.
-        top_p = torch.tensor([p.top_p for p in params], device=dev)[:, None]
-        mass_before = sp.cumsum(dim=-1) - sp
-        drop = (mass_before >= top_p) & (top_p < 1)
-        # min-p is relative to the max prob (column 0), so renormalising after top-k/top-p doesn't change it.
-        min_p = torch.tensor([p.min_p for p in params], device=dev)[:, None]
-        drop |= sp < min_p * sp[:, :1]
-        sp = sp.masked_fill(drop, 0.0)
-        sp = sp / sp.sum(dim=-1, keepdim=True)
-        probs = torch.zeros_like(sp).scatter_(1, order, sp)
+        probs = torch.zeros_like(x).scatter_(1, order, _filter_sorted(sorted_x, top_k, top_p, min_p))
+    return torch.where(greedy, one_hot, probs)
 
-    greedy_rows = torch.tensor(greedy, device=dev)[:, None]
-    return torch.where(greedy_rows, one_hot, probs)
+
+def _filter_sorted(sorted_x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """Probabilities of scaled logits given in descending order, after top-k, top-p and min-p,
+    renormalised (the same order)."""
+    pos = torch.arange(sorted_x.shape[1], device=sorted_x.device)
+    sorted_x = sorted_x.masked_fill(pos >= top_k[:, None], float("-inf"))  # exactly k survive
+    sp = torch.softmax(sorted_x, dim=-1)
+    # Nucleus: keep token j while the mass strictly before it is < top_p; this is the smallest set
+    # whose mass reaches top_p and always keeps the first token. Rows with top_p == 1 skip it, so
+    # rounding in the cumulative sum never drops tail tokens there.
+    tp = top_p[:, None]
+    mass_before = sp.cumsum(dim=-1) - sp
+    drop = (mass_before >= tp) & (tp < 1)
+    # min-p is relative to the max prob (column 0), so renormalising after top-k/top-p doesn't change it.
+    drop |= sp < min_p[:, None] * sp[:, :1]
+    sp = sp.masked_fill(drop, 0.0)
+    return sp / sp.sum(dim=-1, keepdim=True)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -137,3 +167,14 @@ def sample_from_probs(probs: Tensor, generators: list[torch.Generator | None]) -
         out = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
     # Greedy rows (one-hot from logits_to_probs) are exact without trusting the sampler.
     return torch.where(max_p >= 1.0, argmax, out)
+
+
+def sample_keyed(weights: Tensor, keys: Tensor, positions: Tensor, tag: int) -> Tensor:
+    """One token per row ([N] long) by the exponential race over `weights` (see the module
+    docstring): row i draws from stream (keys[i], positions[i], tag)."""
+    if weights.dim() != 2 or keys.shape != (weights.shape[0],) or positions.shape != keys.shape:
+        raise ValueError(f"weights [N, V] need keys and positions [N], got {tuple(weights.shape)}, "
+                         f"{tuple(keys.shape)} and {tuple(positions.shape)}")
+    u = uniforms(keys, positions, tag, weights.shape[1])
+    race = weights.float() / -torch.log(u)          # w / E: the largest is the first to arrive
+    return race.argmax(dim=-1)

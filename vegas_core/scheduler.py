@@ -34,20 +34,19 @@ class Plan:
 
 def lookahead(req: Request, decode_steps: int = 1) -> int:
     """Cache slots a decode iteration writes past `num_cached`: the pending token, plus the drafts
-    once the request has a selection to draft with; a greedy vanilla request may run up to
-    `decode_steps` plain steps in one iteration (never past its max_tokens)."""
+    once the request has a selection to draft with; a vanilla request may run up to
+    `decode_steps` plain steps in one iteration (never past its max_tokens), greedy or sampled
+    (a chain samples on the GPU)."""
     if req.spec.speculative:
         return 1 + (req.spec.gamma if req.selection is not None else 0)
-    if req.sampling.is_greedy:
-        return max(1, min(decode_steps, req.sampling.max_tokens - req.num_generated))
-    return 1
+    return max(1, min(decode_steps, req.sampling.max_tokens - req.num_generated))
 
 
 class Scheduler:
     def __init__(self, allocator: BlockAllocator, max_num_seqs: int, max_prefill_tokens: int,
                  decode_steps: int = 1):
         self.allocator = allocator
-        self.decode_steps = decode_steps      # plain steps a greedy vanilla iteration may run
+        self.decode_steps = decode_steps      # plain steps a vanilla iteration may run
         self.max_num_seqs = max_num_seqs
         self.max_prefill_tokens = max_prefill_tokens
         self.waiting: deque[Request] = deque()

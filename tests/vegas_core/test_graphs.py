@@ -79,7 +79,8 @@ def test_graph_path_gives_the_reference_paths_tokens(tiny):
 
 def test_mixed_batch_runs_one_verification_graph(tiny):
     """Vanilla and vegas requests verify together (1 and 4 rows, ragged in one dense graph); a
-    sampled request drafts beside greedy ones. Tokens equal the reference path's."""
+    sampled request drafts beside greedy ones, in a chain that samples in the graph. Tokens equal
+    the reference path's (one eager step at a time, sampling outside any graph)."""
     sampling = [SamplingParams(max_tokens=9, ignore_eos=True),
                 SamplingParams(max_tokens=9, ignore_eos=True, temperature=0.8, seed=3),
                 SamplingParams(max_tokens=9, ignore_eos=True)]
@@ -94,7 +95,8 @@ def test_mixed_batch_runs_one_verification_graph(tiny):
     assert outs["off"] == outs[GRAPHS]
     keys = core.runner.graphs.graphs
     assert any(k.kind == "dense" and k.rows == 4 and k.batch == 4 for k in keys)
-    assert any(k.kind == "fixed" and not k.chain for k in keys)     # a sampled draft: step by step
+    # The batch holds a sampled request: its drafts and the greedy ones sampled in one chain.
+    assert any(k.kind == "fixed" and k.chain and k.sampled for k in keys)
 
 
 def test_run_ahead_chains_give_the_same_tokens(tiny):
@@ -143,6 +145,34 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
         # Draft chains launched behind the verification (acceptance on the device), and only
         # for speculative batches.
         assert (core.chains["early"] > 0) == (specs[0][0].method == "vegas"), core.chains
+        assert core.allocator.num_free == core.allocator.num_blocks
+
+
+def test_sampled_batches_chain_and_give_the_reference_tokens(tiny):
+    """Sampled batches chain on the GPU too: drafts sampled in the graph (with a top-p filter)
+    and verified by the batched rejection sampler, the next chain launched behind the
+    verification from its device outcome; a vanilla batch's plain steps sampled in the graph,
+    launched ahead when the next batch is certain. Every token equals the reference path's,
+    which samples one eager step at a time from the same streams."""
+    card = dict(temperature=0.8, top_p=0.9, ignore_eos=True)
+    batches = [[(SpecParams(method="vegas", gamma=3, sparsity=0.3, min_budget=4), SamplingParams(max_tokens=11, seed=1, **card)),
+                (SpecParams(method="stream", gamma=2, sparsity=0.3, min_budget=4), SamplingParams(max_tokens=8, seed=2, **card))],
+               [(SpecParams(method="vanilla"), SamplingParams(max_tokens=21, seed=3, **card)),
+                (SpecParams(method="vanilla"), SamplingParams(max_tokens=13, seed=4, temperature=1.0, ignore_eos=True))]]
+    for batch in batches:
+        outs = {}
+        for graphs, attention in (("off", "reference"), (GRAPHS, "triton")):
+            core = _core(tiny, graphs, attention)
+            reqs = [core.add_request(p, sa, sp) for p, (sp, sa) in zip(_prompts(), batch)]
+            core.run()
+            outs[graphs] = [r.output_ids for r in reqs]
+        assert outs["off"] == outs[GRAPHS]
+        kind = "fixed" if batch[0][0].speculative else "dense"
+        assert any(k.kind == kind and k.chain and k.sampled == 2 for k in core.runner.graphs.graphs)
+        assert core.chains["ahead_used"] > 0, core.chains
+        # The speculative batch's next chain started behind its verification, from the
+        # rejection sampler's device outcome (drafts and the sampled token it kept).
+        assert (core.chains["early"] > 0) == batch[0][0].speculative, core.chains
         assert core.allocator.num_free == core.allocator.num_blocks
 
 

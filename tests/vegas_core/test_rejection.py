@@ -159,3 +159,82 @@ def test_greedy_accept_batch_matches_rejection_sample_per_request():
         ref = rejection_sample(drafts[:k, i].tolist(), torch.zeros(k, vocab), logits[i].softmax(-1), None, True)
         assert int(accepted[i]) == ref.num_accepted and int(nxt[i]) == ref.tokens[-1], i
     assert sorted(set(accepted.tolist())) != [0]     # some drafts were accepted
+
+
+def _batch_case(drafts_rows, draft, target, counts, seed=0):
+    """Inputs of `rejection_sample_batch` for n requests sharing per-position q and p."""
+    from vegas_core.random_streams import stream_key
+    n, width = len(drafts_rows), draft.shape[0]
+    drafts = torch.tensor(drafts_rows, dtype=torch.long).view(n, width)
+    counts_t = torch.tensor(counts)
+    qprobs = draft[None].expand(n, -1, -1)
+    rows = [target[:k + 1] for k in counts]
+    qloc = torch.tensor([0] + [k + 1 for k in counts]).cumsum(0)
+    keys = torch.tensor([stream_key(seed * 1_000_003 + i) for i in range(n)])
+    return drafts, counts_t, qprobs, torch.cat(rows), qloc, keys, torch.full((n,), 7)
+
+
+def test_batched_rejection_follows_the_target_not_the_draft(one_thread):
+    """The batched sampler's emitted tokens, over 100,000 requests with their own streams, follow
+    p at every output position, and the first draft is accepted at rate 1 - TV(p_0, q_0)."""
+    from vegas_core.random_streams import DRAFT, uniforms
+    from vegas_core.rejection import rejection_sample_batch
+    from vegas_core.sampling import sample_keyed
+    vocab, k, n = 8, 2, 100_000
+    g = torch.Generator().manual_seed(0)
+    target = torch.softmax(torch.randn(k + 1, vocab, generator=g), -1)
+    draft = torch.softmax(3 * torch.randn(k, vocab, generator=g), -1)
+    from vegas_core.random_streams import stream_key
+    keys = torch.tensor([stream_key(i) for i in range(n)])
+    drafts = torch.stack([sample_keyed(draft[i].expand(n, -1), keys, torch.full((n,), 7 + i), DRAFT)
+                          for i in range(k)], dim=1)
+    qloc = torch.arange(0, n * (k + 1) + 1, k + 1)
+    accepted, token, q_d, p_d = rejection_sample_batch(
+        drafts, torch.full((n,), k), draft[None].expand(n, -1, -1), target.repeat(n, 1), qloc, keys,
+        torch.full((n,), 7))
+    outputs = [drafts[i, :a].tolist() + [t] for i, (a, t) in enumerate(zip(accepted.tolist(), token.tolist()))]
+    for j in range(k + 1):
+        tokens = torch.tensor([t[j] for t in outputs if len(t) > j])
+        empirical = torch.bincount(tokens, minlength=vocab).float() / len(tokens)
+        reference = draft[min(j, k - 1)]
+        # ~1/sqrt(samples) noise: the fewest samples (position 2) still number in the thousands.
+        assert torch.dist(empirical, target[j]) < 4 * (vocab / len(tokens)) ** 0.5, j
+        assert torch.dist(empirical, target[j]) < torch.dist(empirical, reference) / 5, j
+    accept_rate = float((accepted >= 1).float().mean())
+    assert accept_rate == pytest.approx(torch.minimum(target[0], draft[0]).sum().item(), abs=0.01)
+    assert torch.equal(q_d, draft[[0, 1], drafts].float()) and torch.equal(p_d, target[[0, 1], drafts])
+    assert uniforms(keys[:3], torch.full((3,), 7), DRAFT, 1).shape == (3, 1)
+
+
+def test_batched_rejection_ragged_greedy_and_repeatable():
+    """Ragged counts (0 drafts: a plain sample of p_0), one-hot rows that must act greedily, and
+    the same keys giving the same result; a different key set gives a different one."""
+    from vegas_core.rejection import rejection_sample_batch
+    g = torch.Generator().manual_seed(2)
+    vocab, width = 6, 3
+    counts = [3, 0, 2, 3, 1]
+    target = torch.softmax(torch.randn(width + 1, vocab, generator=g), -1)
+    draft = torch.softmax(torch.randn(width, vocab, generator=g), -1)
+    rows = torch.randint(0, vocab, (len(counts), width), generator=g).tolist()
+    case = _batch_case(rows, draft, target, counts)
+    first = rejection_sample_batch(*case)
+    again = rejection_sample_batch(*case)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    accepted = first[0]
+    assert (accepted <= torch.tensor(counts)).all() and int(accepted[1]) == 0
+    assert (first[2][1] == 0).all() and (first[2][4, 1:] == 0).all()      # padding columns are 0
+    others = [rejection_sample_batch(*_batch_case(rows, draft, target, counts, seed=s))[1] for s in range(1, 9)]
+    assert any(not torch.equal(first[1], o) for o in others)
+    # One-hot q and p: argmax matching, as greedy_accept_batch gives it.
+    from vegas_core.rejection import greedy_accept_batch
+    oh = lambda t: torch.nn.functional.one_hot(t, vocab).float()          # noqa: E731
+    tgt = torch.randint(0, vocab, (int(sum(counts)) + len(counts),), generator=g)
+    qloc = torch.tensor([0] + [k + 1 for k in counts]).cumsum(0)
+    drafts = torch.randint(0, vocab, (len(counts), width), generator=g)
+    for i, k in enumerate(counts):                  # agree for a prefix, then maybe not
+        drafts[i, :k - 1 if k > 1 else 0] = tgt[qloc[i]:qloc[i] + max(k - 1, 0)]
+    accepted, token, _, _ = rejection_sample_batch(drafts, torch.tensor(counts), oh(drafts), oh(tgt), qloc,
+                                                   case[5], case[6])
+    want_acc, want_tok = greedy_accept_batch(drafts.t(), tgt, qloc)
+    assert torch.equal(accepted, want_acc) and torch.equal(token, want_tok)
+    assert int(accepted.max()) >= 1

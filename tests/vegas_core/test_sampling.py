@@ -111,3 +111,24 @@ def test_sample_from_probs_greedy_rows_and_distribution():
     assert (out[:, 0] == 2).all()
     assert abs((out[:, 1] == 0).float().mean().item() - 0.7) < 0.05
     assert torch.equal(sample_from_probs(probs, [None] * 2000).view(1000, 2)[:, 0], out[:, 0])
+
+
+def test_sample_keyed_races_to_the_weights_and_repeats():
+    from vegas_core.random_streams import TOKEN, stream_key
+    from vegas_core.sampling import sample_keyed
+    n = 40_000
+    w = torch.tensor([3.0, 0.0, 1.0, 6.0])                 # unnormalised; token 1 impossible
+    keys = torch.tensor([stream_key(i) for i in range(n)])
+    pos = torch.zeros(n, dtype=torch.long)
+    toks = sample_keyed(w.expand(n, -1), keys, pos, TOKEN)
+    freq = torch.bincount(toks, minlength=4).float() / n
+    assert freq[1] == 0 and torch.allclose(freq, w / w.sum(), atol=0.01)
+    # One stream along positions is as good as many keys.
+    toks_pos = sample_keyed(w.expand(n, -1), keys[:1].expand(n), torch.arange(n), TOKEN)
+    assert torch.allclose(torch.bincount(toks_pos, minlength=4).float() / n, w / w.sum(), atol=0.01)
+    assert torch.equal(sample_keyed(w.expand(n, -1), keys, pos, TOKEN), toks)
+    one_hot = torch.nn.functional.one_hot(torch.tensor([2, 0, 3]), 4).float()
+    assert sample_keyed(one_hot, keys[:3], pos[:3], TOKEN).tolist() == [2, 0, 3]
+    with pytest.raises(ValueError):
+        sample_keyed(w.expand(3, -1), keys[:2], pos[:2], TOKEN)
+

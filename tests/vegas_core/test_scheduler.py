@@ -20,7 +20,7 @@ def test_lookahead_per_kind_of_request():
     assert lookahead(vegas, 8) == 7                 # the pending token and six drafts
     assert lookahead(_req(SpecParams(method="vanilla")), 8) == 8            # chained plain steps
     assert lookahead(_req(SpecParams(method="vanilla"), max_tokens=20, generated=17), 8) == 3
-    assert lookahead(_req(SpecParams(method="vanilla"), temperature=0.7), 8) == 1   # sampled: one
+    assert lookahead(_req(SpecParams(method="vanilla"), temperature=0.7), 8) == 8   # sampled chains too
     assert lookahead(_req(SpecParams(method="vanilla")), 1) == 1
 
 
