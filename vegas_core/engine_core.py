@@ -476,9 +476,9 @@ class EngineCore:
         width = max(map(len, lists), default=0)
         n = len(reqs)
         counts = [len(d) for d in lists]
-        q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
         if on_device is None:
             grid = torch.tensor([d + [0] * (width - len(d)) for d in lists], dtype=torch.long).view(n, width).to(dev)
+            q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
             row_of = {r.request_id: i for i, r in enumerate(reqs)}
             for j, step_probs, rids in qprobs:  # a draft step's missing rows (greedy): q 0, see below
                 q[torch.tensor([row_of[rid] for rid in rids], device=dev), j] = step_probs.to(probs.dtype)
@@ -487,12 +487,19 @@ class EngineCore:
             # device; the lists are placeholders, filled from the one read below.
             tokens, columns = on_device
             rows = [i for i, r in enumerate(reqs) if r.request_id in columns]
-            cols = torch.tensor([columns[reqs[i].request_id] for i in rows], device=dev)
-            rows_t = torch.tensor(rows, device=dev)
-            grid = torch.zeros(n, width, dtype=torch.long, device=dev)
-            grid[rows_t] = tokens[:width].t()[cols]
-            if torch.is_tensor(qprobs):
-                q[rows_t] = qprobs[:width].transpose(0, 1)[cols].to(probs.dtype)
+            if rows == list(range(n)) and all(columns[r.request_id] == i for i, r in enumerate(reqs)):
+                # Every request drafted, in batch order (the usual case): views, no copies.
+                grid = tokens[:width].t()
+                q = qprobs[:width].transpose(0, 1) if torch.is_tensor(qprobs) else \
+                    torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
+            else:
+                cols = torch.tensor([columns[reqs[i].request_id] for i in rows], device=dev)
+                rows_t = torch.tensor(rows, device=dev)
+                grid = torch.zeros(n, width, dtype=torch.long, device=dev)
+                grid[rows_t] = tokens[:width].t()[cols]
+                q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
+                if torch.is_tensor(qprobs):
+                    q[rows_t] = qprobs[:width].transpose(0, 1)[cols].to(probs.dtype)
         qloc = torch.tensor([0] + [len(e.tokens) for e in entries]).cumsum(0)
         host = torch.tensor([counts, [r.rng_key for r in reqs], [len(r.token_ids) for r in reqs]],
                             dtype=torch.long)

@@ -47,9 +47,9 @@ from kernels.select import quest_sizes
 from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
+from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
 from .random_streams import DRAFT, TOKEN
 from .sampling import is_filtered, probs_from_tensors, sample_keyed, sampling_tensors
-from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
 from .spec.params import MAX_GAMMA
 from .spec.views import BlockQuestSelection, FixedSelection
 
