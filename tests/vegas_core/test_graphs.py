@@ -5,8 +5,8 @@ On the CPU the graphs are not captured (`cuda_graphs="static"`) but everything e
 the step's numbers go through the staging buffer, the batch is padded to a bucket (three
 requests run as four: one padding request with no rows, and padding rows writing to the scratch
 slot), block tables and selections are copied only when they change, collected logits land in
-the whole-model buffers; greedy drafts and a vanilla batch's plain steps run as chains that
-advance themselves on the device. A tiny 2-layer Llama in float32 under Triton's interpreter; on a GPU
+the whole-model buffers; drafts and a vanilla batch's plain steps, greedy or sampled, run as
+chains that advance themselves on the device. A tiny 2-layer Llama in float32 under Triton's interpreter; on a GPU
 (TRITON_INTERPRET=0) the same test captures real graphs (`cuda_graphs="auto"`).
 """
 import os
