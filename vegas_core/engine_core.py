@@ -368,12 +368,9 @@ class EngineCore:
                                    first=(nxt, firsts + accepted + 1), sampling=sampling)
         if tokens is None:
             return False
-        self.chains["launched"] += 1
         self.chains["ahead"] += 1
         self.chains["early"] += 1
-        probs = self.runner.graphs.chain_probs(max(limits), len(reqs)) if sampling else None
-        self._ahead = _Chain("draft", None, limits, tokens, (start, self._mark()),
-                             [r.selection for r in reqs], probs)
+        self._ahead = self._new_chain("draft", None, limits, tokens, start, reqs, sampling)
         return True
 
     def _keep_early(self, reqs: list[Request]) -> bool:
@@ -420,10 +417,14 @@ class EngineCore:
                                    sampling=sampling)
         if tokens is None:
             return None
+        return self._new_chain(kind, _chain_state(reqs), limits, tokens, start, reqs, sampling)
+
+    def _new_chain(self, kind, state, limits, tokens, start, reqs, sampling) -> "_Chain":
+        """The record of a chain just launched (counted), with a sampled draft chain's
+        distributions (`GraphRunner.chain_probs`)."""
         self.chains["launched"] += 1
         probs = self.runner.graphs.chain_probs(max(limits), len(reqs)) if sampling and kind == "draft" else None
-        return _Chain(kind, _chain_state(reqs), limits, tokens, (start, self._mark()),
-                      [r.selection for r in reqs], probs)
+        return _Chain(kind, state, limits, tokens, (start, self._mark()), [r.selection for r in reqs], probs)
 
     def _targets(self, argmax, drafts, on_device):
         """At temperature 0 for the whole batch (`argmax`: every row's, None for a sampled batch):

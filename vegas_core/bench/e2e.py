@@ -165,7 +165,7 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
     chains_before = dict(core.chains)
     full_dts, all_dts = [], []
-    adjacency, skip_next = None, False
+    adjacency, probed, skip_next = None, False, False
     with common.frozen_heap(), GcPauses() as pauses:
         common.sync(engine.device)
         last = time.perf_counter()
@@ -184,10 +184,12 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
                 progress(sum(len(e.new_token_ids) for e in events))
             if not events:
                 continue                                    # a prefill step
-            if ((graphs is not None and graphs.captures != captured)
-                    or (compiles is not None and compiles() != compiled) or skip_next):
-                warmup_steps += 1                           # it captured or compiled: not the rate
+            if skip_next:                                   # it paid for the locality probe below
                 skip_next = False
+                continue
+            if ((graphs is not None and graphs.captures != captured)
+                    or (compiles is not None and compiles() != compiled)):
+                warmup_steps += 1                           # it captured or compiled: not the rate
                 continue
             emitted = sum(len(e.new_token_ids) for e in events)
             decode_steps += 1
@@ -195,10 +197,10 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
             all_s += dt
             all_tok += emitted
             _add_phases(all_ph, core.phase_totals)
-            if running >= workload.batch and adjacency is None:
+            if running >= workload.batch and not probed:
                 # Page locality once (host work between steps: the next step is left out).
                 adjacency = core.allocator.adjacency([r.request_id for r in reqs if not r.finished])
-                skip_next = True
+                probed = skip_next = True
             if running >= workload.batch:
                 full_dts.append(dt)
                 full_steps += 1
