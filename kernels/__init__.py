@@ -12,6 +12,8 @@ GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend
   expansion (`quest_positions`);
 - `fused`: the decoder layer's element-wise work in three launches (residual add + RMSNorm,
   rotary + K/V pool write, SiLU * up), for the GPU path's CUDA graphs;
+- `sampling`: a batch's temperature / top-k / top-p / min-p filter and the exponential race over
+  each request's counter-based stream in one program per row, by threshold search (no sort);
 - `split_merge`: flash-decoding's split merge done by the last split to finish (arrival
   counters), and the merge arithmetic verify_attention's two merges share.
 

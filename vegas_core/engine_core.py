@@ -29,7 +29,7 @@ from .model_runner import BatchEntry, ModelRunner
 from .random_streams import DRAFT, stream_key
 from .rejection import RejectionResult, greedy_accept_batch, rejection_sample_batch
 from .request import Request, Status
-from .sampling import SamplingParams, logits_to_probs, sample_keyed
+from .sampling import SamplingParams, is_filtered, logits_to_probs, sample_rows, sampling_tensors
 from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
@@ -472,7 +472,8 @@ class EngineCore:
         dev = logits.device
         # Every row's target distribution in one call (one sort of the vocabulary for the whole
         # batch when a request filters by top-k/top-p/min-p), not one per request.
-        probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens])
+        probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens],
+                                kernel=self.runner.kernels)
         lists = [drafts.get(r.request_id, []) for r in reqs]
         width = max(map(len, lists), default=0)
         n = len(reqs)
@@ -506,7 +507,7 @@ class EngineCore:
                             dtype=torch.long)
         on_dev = host.to(dev)
         accepted, token, q_d, p_d = rejection_sample_batch(
-            grid, on_dev[0], q, probs, qloc.to(dev), on_dev[1], on_dev[2])
+            grid, on_dev[0], q, probs, qloc.to(dev), on_dev[1], on_dev[2], kernel=self.runner.kernels)
         packed = torch.cat([accepted[:, None].double(), token[:, None].double(), q_d.double(),
                             p_d.double(), grid.double()], dim=1)
         return _Sampled(accepted, token, lambda: self._sampled_results(reqs, entries, lists, counts, width,
@@ -572,10 +573,13 @@ class EngineCore:
                 for r, tok in zip(active, logits.argmax(dim=-1).tolist()):
                     drafts[r.request_id].append(tok)
                 continue
-            probs = logits_to_probs(logits, [r.sampling for r in active])
+            params = [r.sampling for r in active]
             where = torch.tensor([[r.rng_key for r in active], [len(r.token_ids) + j for r in active]],
-                                 dtype=torch.long).to(probs.device)
-            tokens = sample_keyed(probs, where[0], where[1], DRAFT).tolist()
+                                 dtype=torch.long).to(logits.device)
+            probs, tokens = sample_rows(logits, sampling_tensors(params, logits.shape[1], logits.device),
+                                        where[0], where[1], DRAFT, filtered=is_filtered(params),
+                                        kernel=self.runner.kernels)
+            tokens = tokens.tolist()
             for r, tok in zip(active, tokens):
                 drafts[r.request_id].append(int(tok))
             qprobs.append((j, probs, [r.request_id for r in active]))

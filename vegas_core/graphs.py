@@ -49,7 +49,7 @@ from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 from .attention import AttentionMetadata, LogitCollector
 from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
 from .random_streams import DRAFT, TOKEN
-from .sampling import is_filtered, probs_from_tensors, sample_keyed, sampling_tensors
+from .sampling import is_filtered, sample_rows, sampling_tensors
 from .spec.params import MAX_GAMMA
 from .spec.views import BlockQuestSelection, FixedSelection
 
@@ -232,7 +232,7 @@ class GraphRunner:
         history on the device (valid until the next chain). None when no graph takes these entries.
 
         A step chooses the argmax, or with `sampling` (a `SamplingParams` and a stream key per
-        entry) samples in the graph from each request's own stream (`sample_keyed`, at the
+        entry) samples in the graph from each request's own stream (`sampling.sample_rows`, at the
         position the token will take): a draft step with the DRAFT draws, keeping its
         distribution for the verification's rejection sampling (`chain_probs`), a plain decode
         step with the TOKEN draws, what one step at a time draws.
@@ -504,8 +504,9 @@ class GraphRunner:
         step = v["step"]
         if key.sampled:
             t = v["sampling"]
-            probs = probs_from_tensors(logits, t[0], t[1], t[2], t[3], filtered=key.sampled == 2)
-            nxt = sample_keyed(probs, v["key"], v["pos"] + 1, TOKEN if key.kind == "dense" else DRAFT)
+            probs, nxt = sample_rows(logits, t, v["key"], v["pos"] + 1,
+                                     TOKEN if key.kind == "dense" else DRAFT,
+                                     filtered=key.sampled == 2, kernel=self.runner.kernels)
             if key.kind != "dense":
                 self._qhist[:, :probs.shape[0]].index_copy_(0, step, probs[None])
         else:

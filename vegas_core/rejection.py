@@ -97,7 +97,8 @@ def greedy_accept_batch(drafts: Tensor, targets: Tensor, qloc: Tensor) -> tuple[
 
 
 def rejection_sample_batch(drafts: Tensor, counts: Tensor, draft_probs: Tensor, target_probs: Tensor,
-                           qloc: Tensor, keys: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+                           qloc: Tensor, keys: Tensor, positions: Tensor,
+                           kernel: bool = False) -> tuple[Tensor, ...]:
     """`rejection_sample(..., greedy=False)` for every request of a batch at once.
 
     drafts [n, K] long: request i's k_i = counts[i] drafts first in its row (padding ignored);
@@ -110,7 +111,8 @@ def rejection_sample_batch(drafts: Tensor, counts: Tensor, draft_probs: Tensor, 
 
     Returns (accepted [n], token [n], q_d [n, K], p_d [n, K]): drafts accepted, the correction or
     bonus token, and each draft's probability under q and p (padding columns 0). Greedy rows
-    (one-hot q and p) follow argmax matching exactly."""
+    (one-hot q and p) follow argmax matching exactly. ``kernel``: the last token's race in one
+    Triton launch (`sample_keyed`'s, the same draws)."""
     n, width = drafts.shape
     dev = target_probs.device
     j = torch.arange(width, device=dev)
@@ -131,5 +133,5 @@ def rejection_sample_batch(drafts: Tensor, counts: Tensor, draft_probs: Tensor, 
         weights = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p_n)
     else:
         weights = p_n
-    token = sample_keyed(weights, keys, positions + accepted, TOKEN)
+    token = sample_keyed(weights, keys, positions + accepted, TOKEN, kernel=kernel)
     return accepted, token, q_d, p_d

@@ -10,6 +10,8 @@ Contract:
 - `sample_from_probs(probs[N, V], generators)` draws one token per row with that row's generator
   (None: torch's global generator). One-hot rows always give their argmax. Seeded runs repeat exactly.
   The per-request reference (one draw per row, a host read to spot greedy rows).
+- `sample_rows(logits, params, keys, positions, tag)`: filter and race in one call, the form the
+  engine uses (`kernel=True` on its GPU path: `kernels.sampling`, no sort).
 - `sample_keyed(weights[N, V], keys, positions, tag)`: the engine's batched form, one token per row
   from that row's counter-based stream (`random_streams`): the exponential race, argmax_j
   w_j / E_j with E_j = -log(u_j) exponential, which picks j with probability w_j / sum(w). The
@@ -80,18 +82,35 @@ class SamplingParams:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: Tensor, params: list[SamplingParams]) -> Tensor:
-    """[N, V] logits -> [N, V] float32 probabilities; row i follows params[i]."""
+def logits_to_probs(logits: Tensor, params: list[SamplingParams], kernel: bool = False) -> Tensor:
+    """[N, V] logits -> [N, V] float32 probabilities; row i follows params[i]. `kernel`: through
+    `kernels.sampling` (the GPU path; see `sample_rows`)."""
     if logits.dim() != 2 or logits.shape[0] != len(params):
         raise ValueError(f"logits of shape {tuple(logits.shape)} do not match {len(params)} params")
     if all(p.is_greedy for p in params):
         return _one_hot(logits.float())
     t = sampling_tensors(params, logits.shape[1], logits.device)
-    return probs_from_tensors(logits, *t, filtered=is_filtered(params))
+    return sample_rows(logits, t, None, None, 0, filtered=is_filtered(params), kernel=kernel,
+                       sample=False)[0]
+
+
+def sample_rows(logits: Tensor, params: Tensor, keys: Tensor | None, positions: Tensor | None, tag: int,
+                filtered: bool = True, kernel: bool = False, sample: bool = True):
+    """(probs, tokens) for a batch: `probs_from_tensors` on `params` (`sampling_tensors`), then
+    without ``sample`` nothing more, else one token per row by `sample_keyed` from (keys,
+    positions, tag). ``kernel``: both in one Triton launch (`kernels.sampling.sample_rows`, no
+    sort of the vocabulary; it has one form, so ``filtered`` does not apply there): the engine's
+    GPU path, as the attention kernels are (`ModelRunner.kernels`)."""
+    if kernel:
+        from kernels.sampling import sample_rows as sample_rows_kernel
+        return sample_rows_kernel(logits, params, keys, positions, tag, sample=sample)
+    probs = probs_from_tensors(logits, *params, filtered=filtered)
+    return probs, (sample_keyed(probs, keys, positions, tag) if sample else None)
 
 
 def is_filtered(params: list[SamplingParams]) -> bool:
-    """Whether any row filters (top-k, top-p or min-p): `probs_from_tensors` then sorts."""
+    """Whether any row filters (top-k, top-p or min-p): `probs_from_tensors` then looks for
+    thresholds."""
     return any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params)
 
 
@@ -112,36 +131,37 @@ def probs_from_tensors(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p
                        filtered: bool = True) -> Tensor:
     """`logits_to_probs` on per-row tensors [N] (see `sampling_tensors`), with no host read, so it
     can be captured in a CUDA graph. `filtered` False skips the top-k/top-p/min-p work (valid when
-    no row filters); the two forms round differently, so callers that must agree choose alike."""
+    no row filters); the two forms round differently, so callers that must agree choose alike.
+    `kernels.sampling.sample_rows` is the GPU form of the filtered one (no sort)."""
     x = logits.float()
     greedy = (temperature == 0)[:, None]
     one_hot = _one_hot(x)
-    x = x / torch.where(greedy[:, 0], 1.0, temperature)[:, None]
-    if not filtered:
-        probs = torch.softmax(x, dim=-1)
-    else:
-        # Work in sorted order (stable: ties keep the lower index first), then scatter back.
-        sorted_x, order = x.sort(dim=-1, descending=True, stable=True)
-        probs = torch.zeros_like(x).scatter_(1, order, _filter_sorted(sorted_x, top_k, top_p, min_p))
+    # + 0.0 turns -0.0 into +0.0, as the kernel does for its order-preserving keys.
+    x = x / torch.where(greedy[:, 0], 1.0, temperature)[:, None] + 0.0
+    probs = _filter(x, top_k, top_p, min_p) if filtered else torch.softmax(x, dim=-1)
     return torch.where(greedy, one_hot, probs)
 
 
-def _filter_sorted(sorted_x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
-    """Probabilities of scaled logits given in descending order, after top-k, top-p and min-p,
-    renormalised (the same order)."""
-    pos = torch.arange(sorted_x.shape[1], device=sorted_x.device)
-    sorted_x = sorted_x.masked_fill(pos >= top_k[:, None], float("-inf"))  # exactly k survive
-    sp = torch.softmax(sorted_x, dim=-1)
-    # Nucleus: keep token j while the mass strictly before it is < top_p; this is the smallest set
-    # whose mass reaches top_p and always keeps the first token. Rows with top_p == 1 skip it, so
-    # rounding in the cumulative sum never drops tail tokens there.
-    tp = top_p[:, None]
-    mass_before = sp.cumsum(dim=-1) - sp
-    drop = (mass_before >= tp) & (tp < 1)
-    # min-p is relative to the max prob (column 0), so renormalising after top-k/top-p doesn't change it.
-    drop |= sp < min_p[:, None] * sp[:, :1]
-    sp = sp.masked_fill(drop, 0.0)
-    return sp / sp.sum(dim=-1, keepdim=True)
+def _filter(x: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor) -> Tensor:
+    """Probabilities of the scaled logits x after top-k, top-p and min-p, renormalised. Each filter
+    is a threshold on x (so ties at a threshold are all kept or all dropped, whatever their index):
+    - top-k: x >= the k-th largest x;
+    - top-p: x >= the largest value t at which the mass of the top-k survivors with x >= t
+      reaches top_p of theirs: the smallest nucleus reaching top_p, always keeping the max;
+      rows with top_p == 1 skip it, so rounding never drops tail tokens there;
+    - min-p: exp(x - max) >= min_p, i.e. prob >= min_p * max prob (the max survives top-k, so
+      renormalising after top-k/top-p does not change it).
+    The sort here only finds the thresholds; `kernels.sampling` searches for them instead."""
+    vocab = x.shape[1]
+    sorted_x = x.sort(dim=-1, descending=True).values
+    m = sorted_x[:, :1]
+    t = sorted_x.gather(1, top_k.long().clamp(1, vocab)[:, None] - 1)          # top-k
+    mass = torch.exp(sorted_x - m).masked_fill(sorted_x < t, 0.0).cumsum(dim=-1)
+    first = (mass < top_p[:, None] * mass[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=vocab - 1)
+    t = torch.where(top_p[:, None] < 1, torch.maximum(t, sorted_x.gather(1, first)), t)  # top-p
+    e = torch.exp(x - m)
+    e = e.masked_fill((x < t) | (e < min_p[:, None]), 0.0)
+    return e / e.sum(dim=-1, keepdim=True)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator | None:
@@ -169,12 +189,16 @@ def sample_from_probs(probs: Tensor, generators: list[torch.Generator | None]) -
     return torch.where(max_p >= 1.0, argmax, out)
 
 
-def sample_keyed(weights: Tensor, keys: Tensor, positions: Tensor, tag: int) -> Tensor:
+def sample_keyed(weights: Tensor, keys: Tensor, positions: Tensor, tag: int, kernel: bool = False) -> Tensor:
     """One token per row ([N] long) by the exponential race over `weights` (see the module
-    docstring): row i draws from stream (keys[i], positions[i], tag)."""
+    docstring): row i draws from stream (keys[i], positions[i], tag). ``kernel``: in one Triton
+    launch (`kernels.sampling.race`, the same uniforms)."""
     if weights.dim() != 2 or keys.shape != (weights.shape[0],) or positions.shape != keys.shape:
         raise ValueError(f"weights [N, V] need keys and positions [N], got {tuple(weights.shape)}, "
                          f"{tuple(keys.shape)} and {tuple(positions.shape)}")
+    if kernel:
+        from kernels.sampling import race
+        return race(weights, keys, positions, tag)
     u = uniforms(keys, positions, tag, weights.shape[1])
     race = weights.float() / -torch.log(u)          # w / E: the largest is the first to arrive
     return race.argmax(dim=-1)

@@ -294,3 +294,10 @@ def test_frozen_heap_hides_what_lives_and_gives_it_back():
     del before
     gc.collect()
     assert gone() is None
+
+
+def test_sampling_bench_needs_a_gpu_and_says_so(capsys):
+    """The sampler's timing is GPU work (its CPU check is tests/kernels/test_sampling.py): on a
+    CPU the command ends with one error line and exit status 2, writing nothing."""
+    assert main(["sampling", "--device", "cpu", "--out", "/nonexistent"]) == 2
+    assert capsys.readouterr().err.startswith("error: the sampling benchmark needs a CUDA GPU")

@@ -1,0 +1,248 @@
+"""Sampling for a batch, one Triton program per row, without sorting the vocabulary: the
+temperature, top-k, top-p and min-p filter of `vegas_core.sampling.probs_from_tensors` and the
+exponential race of `vegas_core.sampling.sample_keyed` over the request's counter-based stream
+(`vegas_core.random_streams`), fused. Beside them `sample_rows_reference` and `race_reference`,
+the same signatures in plain PyTorch (those two functions).
+
+Why: the PyTorch form sorts every row of the vocabulary for top-p (a stable sort of [rows, V]),
+then hashes and races over [rows, V] in a dozen int64 passes. On the H200 that cost about 1 ms per
+sampled draft step of 64 rows and more per verification of 576 rows (bench/NOTES.md, version 26):
+a sampled Vegas iteration took twice a greedy one.
+
+The filter is a set of thresholds on the scaled logits x = logit / T (greedy rows, T = 0: a one-hot
+at the first argmax), so it needs no order, only the threshold (`probs_from_tensors` states the
+rule): each is the largest order-preserving int32 key of x whose count (top-k) or mass (top-p)
+of entries at or above it reaches the target, found by a (WAYS + 1)-ary search over the key range:
+each pass over the row counts or sums at WAYS candidate keys at once (8 passes at WAYS = 16).
+
+Contract:
+- `sample_rows(logits, params, keys, positions, tag, sample=True)` -> ``(probs, tokens)``:
+  ``logits`` float [N, V]; ``params`` float32 [4, N] as `vegas_core.sampling.sampling_tensors`
+  builds it (temperature, top-k with V for off, top-p, min-p); ``keys``, ``positions`` int64 [N]:
+  each row's stream key and the position it samples for (None without ``sample``); ``tag``: the
+  purpose (`random_streams.TOKEN`, `DRAFT`). probs float32 [N, V], tokens int64 [N] (None
+  without ``sample``).
+- `race(weights, keys, positions, tag)` -> tokens: the race alone over non-negative weights, not
+  normalised (a rejection's residual max(0, p - q)).
+
+Agreement with the reference (tests/kernels/test_sampling.py): probabilities within float32
+rounding (exp and the sums' order differ), the same kept sets except where a top-p boundary mass
+lies within rounding of the target, the same tokens except where two race values tie within
+rounding (the log differs by an ulp); the uniforms themselves are the same bits.
+"""
+from __future__ import annotations
+
+import torch
+
+try:  # Triton is optional: the CPU engine path only needs the reference.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised only where Triton is absent
+    triton = None
+    tl = None
+
+_M32 = 0xFFFFFFFF
+
+
+def stream_salt(tag: int) -> int:
+    """The per-purpose constant `random_streams.uniforms` XORs into a key, as 32 bits."""
+    return (tag * 0x632BE5AB + 0x5BD1E995) & _M32
+
+
+def sample_rows_reference(logits, params, keys, positions, tag: int, sample: bool = True):
+    """`sample_rows` in PyTorch: `probs_from_tensors` (filtered form) then `sample_keyed`."""
+    from vegas_core.sampling import probs_from_tensors, sample_keyed
+    probs = probs_from_tensors(logits, *params)
+    return probs, (sample_keyed(probs, keys, positions, tag) if sample else None)
+
+
+def race_reference(weights, keys, positions, tag: int):
+    """`race` in PyTorch: `sample_keyed`."""
+    from vegas_core.sampling import sample_keyed
+    return sample_keyed(weights, keys, positions, tag)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _mix32(x):
+        """`random_streams._mix32` (lowbias32) on uint32: the products wrap mod 2^32 as the int64
+        version's masks make them."""
+        x = x ^ (x >> 16)
+        x = x * 0x7FEB352D
+        x = x ^ (x >> 15)
+        x = x * 0x846CA68B
+        return x ^ (x >> 16)
+
+    @triton.jit
+    def _uniforms(row_hash, offs):
+        """`random_streams.uniforms` for columns ``offs`` of a row whose hashed (key, position,
+        tag) is ``row_hash``: the same bits."""
+        col = _mix32(offs.to(tl.uint32) * 0x9E3779B9 + 1)
+        h = _mix32(row_hash ^ col)
+        return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+    @triton.jit
+    def _key(x):
+        """Order-preserving int32 key of a float32 (x has no -0.0: the caller adds +0.0)."""
+        b = x.to(tl.int32, bitcast=True)
+        return b ^ ((b >> 31) & 0x7FFFFFFF)
+
+    @triton.jit
+    def _scaled(logits_ptr, row_off, start, V: tl.constexpr, T, BLOCK: tl.constexpr):
+        """Columns [start, start + BLOCK) of the row as x = logit / T (the reference divides too);
+        -inf past V. Adding +0.0 turns -0.0 into +0.0, so keys compare as the floats do."""
+        offs = start + tl.arange(0, BLOCK)
+        valid = offs < V
+        x = tl.load(logits_ptr + row_off + offs, mask=valid, other=float("-inf"))
+        return offs, valid, x / T + 0.0
+
+    @triton.jit
+    def _search(logits_ptr, row_off, V: tl.constexpr, T, m, floor_key, lo, hi, target,
+                MASS: tl.constexpr, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+        """The largest int32 key t in [lo, hi] at which W(t) >= target, where W(t) counts the
+        row's entries with key >= t (MASS False) or sums their exp(x - m) over entries with key
+        >= floor_key too (MASS True). W never grows with t, so the candidates that pass are a
+        prefix; each pass tries WAYS evenly spaced keys and keeps the span between the last that
+        passes and the first that fails. W(lo) >= target is the caller's promise."""
+        ways = tl.arange(0, WAYS).to(tl.int64)
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+        while lo < hi:
+            step = (hi - lo + WAYS) // (WAYS + 1)
+            cand = tl.minimum(lo + step * (ways + 1), hi)
+            acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
+            for start in range(0, V, BLOCK):
+                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                key = _key(x).to(tl.int64)
+                if MASS:
+                    w = tl.where(valid & (key >= floor_key), tl.exp(x - m), 0.0)
+                else:
+                    w = tl.where(valid, 1.0, 0.0)
+                acc += tl.where(key[:, None] >= cand[None, :], w[:, None], 0.0)
+            ok = tl.sum(acc, axis=0) >= target
+            new_lo = tl.max(tl.where(ok, cand, lo))
+            hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
+            lo = new_lo
+        return lo
+
+    @triton.jit
+    def _sample_rows_kernel(logits_ptr, s_l, probs_ptr, s_p, tok_ptr, params_ptr, s_par,
+                            keys_ptr, pos_ptr, salt, V: tl.constexpr,
+                            FILTERED: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr,
+                            WAYS: tl.constexpr):
+        """One program per row (the vocabulary V is a compile-time constant: one compile per
+        model, and the loops over it need no loaded bound): scan for the max (and first argmax), search the top-k and top-p
+        thresholds when the row filters, sum the kept mass, then write the probabilities and race
+        in one last pass."""
+        row = tl.program_id(0)
+        row_off = row.to(tl.int64) * s_l
+        row_hash = tl.full([], 0, dtype=tl.uint32)
+        if SAMPLE:
+            row_hash = _mix32(_mix32(tl.load(keys_ptr + row).to(tl.uint32) ^ salt.to(tl.uint32))
+                              + tl.load(pos_ptr + row).to(tl.uint32))
+        best = tl.full([], -float("inf"), dtype=tl.float32)
+        best_i = tl.full([], 0, dtype=tl.int32)
+        if FILTERED:
+            T = tl.load(params_ptr + row)
+            top_k = tl.load(params_ptr + s_par + row)
+            top_p = tl.load(params_ptr + 2 * s_par + row)
+            min_p = tl.load(params_ptr + 3 * s_par + row)
+            greedy = T == 0
+            sampled = T > 0
+            T = tl.where(greedy, 1.0, T)
+            # The max of x (its first argmax for greedy rows).
+            m = tl.full([], -float("inf"), dtype=tl.float32)
+            m_i = tl.full([], 0, dtype=tl.int32)
+            for start in range(0, V, BLOCK):
+                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                c = tl.max(x, axis=0)
+                c_i = tl.min(tl.where(x == c, offs, V), axis=0)
+                m_i = tl.where(c > m, c_i, m_i)
+                m = tl.maximum(m, c)
+            t = tl.full([], -2147483648, dtype=tl.int64)   # the lowest int32 key: keep everything
+            m_key = _key(m)
+            if sampled:
+                if top_k < V:
+                    t = _search(logits_ptr, row_off, V, T, m, t, t, m_key, top_k, False,
+                                BLOCK, WAYS)
+                if top_p < 1.0:
+                    z = tl.zeros([BLOCK], dtype=tl.float32)
+                    for start in range(0, V, BLOCK):
+                        offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                        z += tl.where(valid & (_key(x) >= t), tl.exp(x - m), 0.0)
+                    t = _search(logits_ptr, row_off, V, T, m, t, t, m_key,
+                                top_p * tl.sum(z, axis=0), True, BLOCK, WAYS)
+            z = tl.zeros([BLOCK], dtype=tl.float32)
+            for start in range(0, V, BLOCK):
+                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                e = tl.exp(x - m)
+                z += tl.where(valid & (_key(x) >= t) & (e >= min_p), e, 0.0)
+            inv_z = 1.0 / tl.sum(z, axis=0)
+            for start in range(0, V, BLOCK):
+                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                e = tl.exp(x - m)
+                p = tl.where(valid & (_key(x) >= t) & (e >= min_p), e * inv_z, 0.0)
+                p = tl.where(greedy, tl.where(offs == m_i, 1.0, 0.0), p)
+                tl.store(probs_ptr + row.to(tl.int64) * s_p + offs, p, mask=valid)
+                if SAMPLE:
+                    r = p / -tl.log(_uniforms(row_hash, offs))
+                    c = tl.max(r, axis=0)
+                    c_i = tl.min(tl.where(r == c, offs, V), axis=0)
+                    best_i = tl.where(c > best, c_i, best_i)
+                    best = tl.maximum(best, c)
+        else:
+            for start in range(0, V, BLOCK):
+                offs = start + tl.arange(0, BLOCK)
+                valid = offs < V
+                w = tl.load(logits_ptr + row_off + offs, mask=valid, other=0.0)
+                r = tl.where(valid, w / -tl.log(_uniforms(row_hash, offs)), -1.0)
+                c = tl.max(r, axis=0)
+                c_i = tl.min(tl.where(r == c, offs, V), axis=0)
+                best_i = tl.where(c > best, c_i, best_i)
+                best = tl.maximum(best, c)
+        if SAMPLE:
+            tl.store(tok_ptr + row, best_i.to(tl.int64))
+
+
+def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, num_warps):
+    if triton is None:
+        raise RuntimeError("kernels.sampling needs Triton; use the *_reference functions")
+    n, vocab = logits.shape
+    if n == 0:
+        return
+    block = block or min(1024, max(16, triton.next_power_of_2(vocab)))
+    # A variant's unused outputs and inputs point at the logits (never touched).
+    probs_arg = logits if probs is None else probs
+    if tokens is not None:
+        keys, positions = keys.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    _sample_rows_kernel[(n,)](
+        logits, logits.stride(0), probs_arg, probs_arg.stride(0),
+        logits if tokens is None else tokens, logits if params is None else params, n,
+        logits if tokens is None else keys, logits if tokens is None else positions, stream_salt(tag),
+        vocab, FILTERED=probs is not None, SAMPLE=tokens is not None, BLOCK=block, WAYS=ways,
+        num_warps=num_warps)
+
+
+def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
+                block: int | None = None, ways: int = 16, num_warps: int = 4):
+    """Triton version of `sample_rows_reference` (see the module docstring): (probs, tokens),
+    tokens None without ``sample``. ``block`` columns per tile (default 1024, or the vocabulary
+    rounded up to a power of two when smaller), ``ways`` candidate keys per search pass (a power
+    of two). No host read: safe in a CUDA graph."""
+    logits = logits.float()
+    logits = logits if logits.stride(1) == 1 else logits.contiguous()
+    probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device) if sample else None
+    _launch(logits, params.to(torch.float32).contiguous(), keys, positions, tag, probs,
+            tokens, block, ways, num_warps)
+    return probs, tokens
+
+
+def race(weights, keys, positions, tag: int, block: int | None = None, num_warps: int = 4):
+    """Triton version of `race_reference`: one token per row of non-negative ``weights`` [N, V]."""
+    weights = weights.float()
+    weights = weights if weights.stride(1) == 1 else weights.contiguous()
+    tokens = torch.empty(weights.shape[0], dtype=torch.int64, device=weights.device)
+    _launch(weights, None, keys, positions, tag, None, tokens, block, 16, num_warps)
+    return tokens

@@ -1,0 +1,99 @@
+"""`python -m vegas_core.bench sampling`: the batched sampler's GPU time, the PyTorch form
+(`probs_from_tensors` + `sample_keyed`: a sort of the vocabulary for top-k/top-p, then the hash
+and race in int64 tensor ops) against the Triton form (`kernels.sampling.sample_rows`: a threshold
+search, one program per row), in the same run, on the shapes a SmolLM2 engine step samples: the
+rows of a draft step (batch) and of a verification (batch x (gamma + 1)), its 49,152-token
+vocabulary.
+
+Each setting is checked before it is timed: the kernel's probabilities against the reference's
+(largest difference, rows whose kept set differs) and its tokens (rows that differ). Times are
+medians over CUDA-graph replays (`kernels._bench`). Records: `setting`, `rows`, `vocab`, `ways`,
+`torch_us`, `kernel_us`, `speedup`, `max_prob_diff`, `kept_set_mismatch_rows`,
+`token_mismatch_rows`.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import common
+
+SETTINGS = {  # name: (temperature, top_k (0: off), top_p, min_p)
+    "model-card": (0.2, 0, 0.9, 0.0),      # SmolLM2's card: temperature 0.2, top-p 0.9
+    "top-p-0.9-t1": (1.0, 0, 0.9, 0.0),
+    "top-k-50": (1.0, 50, 1.0, 0.0),
+    "min-p-0.05": (1.0, 0, 1.0, 0.05),
+    "plain-t1": (1.0, 0, 1.0, 0.0),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rows", type=int, nargs="+", default=[64, 576],
+                   help="rows per call (default: a 64-request draft step, and its verification at gamma 8)")
+    p.add_argument("--vocab", type=int, default=49152, help="vocabulary (default: SmolLM2's 49,152)")
+    p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
+    p.add_argument("--ways", type=int, nargs="+", default=[16],
+                   help="candidate keys per search pass, each a power of two (default: 16)")
+    p.add_argument("--logit-scale", type=float, default=3.0,
+                   help="random logits are N(0, 1) times this (default: 3)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
+
+
+def _inputs(rows, vocab, setting, scale, device):
+    from ..random_streams import stream_key
+    from ..sampling import SamplingParams, sampling_tensors
+    t, k, p, mp = SETTINGS[setting]
+    logits = (torch.randn(rows, vocab, device=device) * scale).bfloat16().float()
+    params = sampling_tensors([SamplingParams(temperature=t, top_k=k, top_p=p, min_p=mp)] * rows,
+                              vocab, device)
+    keys = torch.tensor([stream_key(i) for i in range(rows)], device=device)
+    positions = torch.arange(rows, device=device) + 1000
+    return logits, params, keys, positions
+
+
+def record(setting, rows, vocab, ways, scale, device) -> dict:
+    from kernels.sampling import sample_rows, sample_rows_reference
+
+    from ..random_streams import DRAFT
+    from .kernels import _bench
+    logits, params, keys, positions = _inputs(rows, vocab, setting, scale, device)
+    probs, tokens = sample_rows(logits, params, keys, positions, DRAFT, ways=ways)
+    ref_probs, ref_tokens = sample_rows_reference(logits, params, keys, positions, DRAFT)
+    torch_us = _bench(lambda: sample_rows_reference(logits, params, keys, positions, DRAFT))
+    kernel_us = _bench(lambda: sample_rows(logits, params, keys, positions, DRAFT, ways=ways))
+    return {"kernel": "sample_rows", "setting": setting, "rows": rows, "vocab": vocab, "ways": ways,
+            "torch_us": torch_us, "kernel_us": kernel_us, "speedup": torch_us / kernel_us,
+            "max_prob_diff": float((probs - ref_probs).abs().max()),
+            "kept_set_mismatch_rows": int(((probs > 0) != (ref_probs > 0)).any(dim=1).sum()),
+            "token_mismatch_rows": int((tokens != ref_tokens).sum()),
+            "mean_kept": float((probs > 0).sum(dim=1).float().mean())}
+
+
+def run(args, argv: list[str]) -> str:
+    device = torch.device(args.device)
+    if device.type != "cuda":
+        from ..errors import InvalidRequestError
+        raise InvalidRequestError("the sampling benchmark needs a CUDA GPU (the kernel's CPU check is "
+                                  "the test suite, under TRITON_INTERPRET=1)")
+    torch.manual_seed(0)
+    grid = [(s, r, w) for s in args.settings for r in args.rows for w in args.ways]
+    bar = common.progress_bar(len(grid), "sampling")
+    records = []
+    for setting, rows, ways in grid:
+        records.append(record(setting, rows, args.vocab, ways, args.logit_scale, device))
+        bar.update(1)
+    bar.close()
+    path = common.write_results("sampling", args.out, device, argv, records,
+                                notes="random bf16-valued logits times --logit-scale; medians of "
+                                      "CUDA-graph replays")
+    cols = ["setting", "rows", "ways", "torch us", "kernel us", "speedup", "kept", "max |dp|",
+            "set diff rows", "token diff rows"]
+    common.print_table(f"sampling: {common.device_description(device)}", cols,
+                       [[r["setting"], r["rows"], r["ways"], r["torch_us"], r["kernel_us"], r["speedup"],
+                         r["mean_kept"], r["max_prob_diff"], r["kept_set_mismatch_rows"],
+                         r["token_mismatch_rows"]] for r in records])
+    print(f"wrote {path}")
+    return path
