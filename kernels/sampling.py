@@ -225,7 +225,7 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
 
 
 def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
-                block: int | None = None, ways: int = 16, num_warps: int = 4):
+                block: int | None = None, ways: int = 16, num_warps: int = 8):
     """Triton version of `sample_rows_reference` (see the module docstring): (probs, tokens),
     tokens None without ``sample``. ``block`` columns per tile (default 1024, or the vocabulary
     rounded up to a power of two when smaller), ``ways`` candidate keys per search pass (a power
@@ -239,7 +239,7 @@ def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
     return probs, tokens
 
 
-def race(weights, keys, positions, tag: int, block: int | None = None, num_warps: int = 4):
+def race(weights, keys, positions, tag: int, block: int | None = None, num_warps: int = 8):
     """Triton version of `race_reference`: one token per row of non-negative ``weights`` [N, V]."""
     weights = weights.float()
     weights = weights if weights.stride(1) == 1 else weights.contiguous()

@@ -5,6 +5,7 @@
 #   smoke    e2e long-input, vanilla and vegas only, greedy, 96 tokens: do graphs run, how fast
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table)
+#   sampling the batched sampler, PyTorch (sort) vs the Triton threshold search, at 64 and 576 rows
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method, which e2e uses; at the e2e's
 #            256 tokens (TUNE_TOKENS): 128-token runs ranked settings differently from the e2e
@@ -21,7 +22,8 @@
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
 # options to the e2e stage (e.g. --tuned bench/results/tune-....json).
 set -uo pipefail
-. /root/vegas-env
+[ -f /root/vegas-env ] && . /root/vegas-env   # the model (stage.sh's call 2); stages without it run too
+: "${VEGAS_DEVICE_MODEL:=}"
 export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
 mkdir -p "$OUT/results"
 step() { local name=$1 limit=$2; shift 2; echo "== $name" | tee -a "$OUT/run.log"; local t=$SECONDS
@@ -32,8 +34,8 @@ E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload lo
      --out "$OUT/results")
 for stage in "$@"; do
   case $stage in
-    tests) TAIL=30 step tests 170 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
-             tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
+    tests) TAIL=30 step tests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
+             tests/kernels/test_sampling.py tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
     ktests) TAIL=6 step ktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_verify_attention.py \
              tests/kernels/test_sparse_attention.py ;;
     merge) mkdir -p "$OUT/results/merge"; TAIL=14 step merge 240 python3 -m vegas_core.bench kernels \
@@ -51,7 +53,8 @@ for stage in "$@"; do
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
     sparse) mkdir -p "$OUT/results/sparse"; TAIL=12 step sparse 200 python3 -m vegas_core.bench kernels \
               --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune --out "$OUT/results/sparse" ;;
-    e2e) TAIL=22 step e2e 280 "${E2E[@]}" ${E2E_ARGS:-} ;;
+    sampling) TAIL=14 step sampling 200 python3 -m vegas_core.bench sampling --ways 4 16 --warps 4 8 --out "$OUT/results" ;;
+    e2e) TAIL=22 step e2e 330 "${E2E[@]}" ${E2E_ARGS:-} ;;
     tune) TAIL=16 step tune 450 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
             --workload long-input --batch 64 --gen-tokens ${TUNE_TOKENS:-256} --sparsities 0.02 0.04 0.07 0.1 0.15 \
             --gammas 3 4 6 8 10 --large-gamma 10 --out "$OUT/results" ;;

@@ -8,6 +8,7 @@ vocabulary.
 Each setting is checked before it is timed: the kernel's probabilities against the reference's
 (largest difference, rows whose kept set differs) and its tokens (rows that differ). Times are
 medians over CUDA-graph replays (`kernels._bench`). Records: `setting`, `rows`, `vocab`, `ways`,
+`num_warps`,
 `torch_us`, `kernel_us`, `speedup`, `max_prob_diff`, `kept_set_mismatch_rows`,
 `token_mismatch_rows`.
 """
@@ -35,6 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     p.add_argument("--ways", type=int, nargs="+", default=[16],
                    help="candidate keys per search pass, each a power of two (default: 16)")
+    p.add_argument("--warps", type=int, nargs="+", default=[8], help="num_warps of the kernel (default: 8)")
     p.add_argument("--logit-scale", type=float, default=3.0,
                    help="random logits are N(0, 1) times this (default: 3)")
     p.add_argument("--device", default="cuda")
@@ -54,17 +56,19 @@ def _inputs(rows, vocab, setting, scale, device):
     return logits, params, keys, positions
 
 
-def record(setting, rows, vocab, ways, scale, device) -> dict:
+def record(setting, rows, vocab, ways, warps, scale, device) -> dict:
     from kernels.sampling import sample_rows, sample_rows_reference
 
     from ..random_streams import DRAFT
     from .kernels import _bench
     logits, params, keys, positions = _inputs(rows, vocab, setting, scale, device)
-    probs, tokens = sample_rows(logits, params, keys, positions, DRAFT, ways=ways)
+    probs, tokens = sample_rows(logits, params, keys, positions, DRAFT, ways=ways, num_warps=warps)
     ref_probs, ref_tokens = sample_rows_reference(logits, params, keys, positions, DRAFT)
     torch_us = _bench(lambda: sample_rows_reference(logits, params, keys, positions, DRAFT))
-    kernel_us = _bench(lambda: sample_rows(logits, params, keys, positions, DRAFT, ways=ways))
+    kernel_us = _bench(lambda: sample_rows(logits, params, keys, positions, DRAFT, ways=ways,
+                                           num_warps=warps))
     return {"kernel": "sample_rows", "setting": setting, "rows": rows, "vocab": vocab, "ways": ways,
+            "num_warps": warps,
             "torch_us": torch_us, "kernel_us": kernel_us, "speedup": torch_us / kernel_us,
             "max_prob_diff": float((probs - ref_probs).abs().max()),
             "kept_set_mismatch_rows": int(((probs > 0) != (ref_probs > 0)).any(dim=1).sum()),
@@ -79,20 +83,20 @@ def run(args, argv: list[str]) -> str:
         raise InvalidRequestError("the sampling benchmark needs a CUDA GPU (the kernel's CPU check is "
                                   "the test suite, under TRITON_INTERPRET=1)")
     torch.manual_seed(0)
-    grid = [(s, r, w) for s in args.settings for r in args.rows for w in args.ways]
+    grid = [(s, r, w, nw) for s in args.settings for r in args.rows for w in args.ways for nw in args.warps]
     bar = common.progress_bar(len(grid), "sampling")
     records = []
-    for setting, rows, ways in grid:
-        records.append(record(setting, rows, args.vocab, ways, args.logit_scale, device))
+    for setting, rows, ways, warps in grid:
+        records.append(record(setting, rows, args.vocab, ways, warps, args.logit_scale, device))
         bar.update(1)
     bar.close()
     path = common.write_results("sampling", args.out, device, argv, records,
                                 notes="random bf16-valued logits times --logit-scale; medians of "
                                       "CUDA-graph replays")
-    cols = ["setting", "rows", "ways", "torch us", "kernel us", "speedup", "kept", "max |dp|",
+    cols = ["setting", "rows", "ways", "warps", "torch us", "kernel us", "speedup", "kept", "max |dp|",
             "set diff rows", "token diff rows"]
     common.print_table(f"sampling: {common.device_description(device)}", cols,
-                       [[r["setting"], r["rows"], r["ways"], r["torch_us"], r["kernel_us"], r["speedup"],
+                       [[r["setting"], r["rows"], r["ways"], r["num_warps"], r["torch_us"], r["kernel_us"], r["speedup"],
                          r["mean_kept"], r["max_prob_diff"], r["kept_set_mismatch_rows"],
                          r["token_mismatch_rows"]] for r in records])
     print(f"wrote {path}")
