@@ -13,7 +13,8 @@ The filter is a set of thresholds on the scaled logits x = logit / T (greedy row
 at the first argmax), so it needs no order, only the threshold (`probs_from_tensors` states the
 rule): each is the largest order-preserving int32 key of x whose count (top-k) or mass (top-p)
 of entries at or above it reaches the target, found by a (WAYS + 1)-ary search over the key range:
-each pass over the row counts or sums at WAYS candidate keys at once (8 passes at WAYS = 16).
+each pass counts or sums at WAYS candidate keys at once. Top-k's passes go over the row; top-p's
+over the few entries that can be in the nucleus at all, compacted first (see the kernel).
 
 Contract:
 - `sample_rows(logits, params, keys, positions, tag, sample=True)` -> ``(probs, tokens)``:
@@ -37,6 +38,7 @@ import torch
 try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
+    from triton.language.extra import libdevice
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -98,13 +100,33 @@ if triton is not None:
         return offs, valid, x / T + 0.0
 
     @triton.jit
-    def _search(logits_ptr, row_off, V: tl.constexpr, T, m, floor_key, lo, hi, target,
-                MASS: tl.constexpr, BLOCK: tl.constexpr, WAYS: tl.constexpr):
-        """The largest int32 key t in [lo, hi] at which W(t) >= target, where W(t) counts the
-        row's entries with key >= t (MASS False) or sums their exp(x - m) over entries with key
-        >= floor_key too (MASS True). W never grows with t, so the candidates that pass are a
-        prefix; each pass tries WAYS evenly spaced keys and keeps the span between the last that
-        passes and the first that fails. W(lo) >= target is the caller's promise."""
+    def _neg_log(u, INTERPRET: tl.constexpr):
+        """-log(u) as torch computes it. Compiled, `tl.log` is an approximation whose relative
+        error near u = 1 (where the race's winners draw) reaches 1e-3 and moved one token in 576
+        away from `sample_keyed`'s on the H200 (bench/results/sampling-2026-12-02-h200-v1.json);
+        libdevice's logf is CUDA's, torch's. The interpreter has no libdevice; NumPy's log is
+        accurate."""
+        if INTERPRET:
+            return -tl.log(u)
+        else:
+            return -libdevice.log(u)
+
+    @triton.jit
+    def _race_tile(w, offs, valid, row_hash, best, best_i, V: tl.constexpr, INTERPRET: tl.constexpr):
+        """Fold one tile of weights into the race's running (max, first argmax)."""
+        r = tl.where(valid, w / _neg_log(_uniforms(row_hash, offs), INTERPRET), -1.0)
+        c = tl.max(r, axis=0)
+        c_i = tl.min(tl.where(r == c, offs, V), axis=0)
+        return tl.maximum(best, c), tl.where(c > best, c_i, best_i)
+
+    @triton.jit
+    def _count_search(logits_ptr, row_off, V: tl.constexpr, T, lo, hi, target,
+                      BLOCK: tl.constexpr, WAYS: tl.constexpr):
+        """The largest int32 key t in [lo, hi] with at least `target` of the row's entries at or
+        above it (top-k's threshold). The count never grows with t, so the candidate keys that
+        pass are a prefix: each pass over the row counts at WAYS evenly spaced keys at once and
+        keeps the span between the last that passes and the first that fails. The count at lo
+        reaches the target (the caller's promise)."""
         ways = tl.arange(0, WAYS).to(tl.int64)
         lo = lo.to(tl.int64)
         hi = hi.to(tl.int64)
@@ -115,11 +137,33 @@ if triton is not None:
             for start in range(0, V, BLOCK):
                 offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
                 key = _key(x).to(tl.int64)
-                if MASS:
-                    w = tl.where(valid & (key >= floor_key), tl.exp(x - m), 0.0)
-                else:
-                    w = tl.where(valid, 1.0, 0.0)
-                acc += tl.where(key[:, None] >= cand[None, :], w[:, None], 0.0)
+                acc += tl.where(valid[:, None] & (key[:, None] >= cand[None, :]), 1.0, 0.0)
+            ok = tl.sum(acc, axis=0) >= target
+            new_lo = tl.max(tl.where(ok, cand, lo))
+            hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
+            lo = new_lo
+        return lo
+
+    @triton.jit
+    def _mass_search(cand_ptr, n_c, m, lo, hi, target, BLOCK: tl.constexpr, WAYS: tl.constexpr):
+        """`_count_search` for top-p over the compacted candidates (scaled logits at
+        cand_ptr[0:n_c]): the largest key t with the mass exp(x - m) of candidates at or above it
+        reaching `target`. While loops over the runtime count: the interpreter takes no loaded
+        bound in range()."""
+        ways = tl.arange(0, WAYS).to(tl.int64)
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+        while lo < hi:
+            step = (hi - lo + WAYS) // (WAYS + 1)
+            cand = tl.minimum(lo + step * (ways + 1), hi)
+            acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
+            start = 0
+            while start < n_c:
+                offs = start + tl.arange(0, BLOCK)
+                x = tl.load(cand_ptr + offs, mask=offs < n_c, other=float("-inf"))
+                key = _key(x).to(tl.int64)
+                acc += tl.where(key[:, None] >= cand[None, :], tl.exp(x - m)[:, None], 0.0)
+                start += BLOCK
             ok = tl.sum(acc, axis=0) >= target
             new_lo = tl.max(tl.where(ok, cand, lo))
             hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
@@ -130,13 +174,20 @@ if triton is not None:
     def _sample_rows_kernel(logits_ptr, s_l, probs_ptr, s_p, tok_ptr, params_ptr, s_par,
                             keys_ptr, pos_ptr, salt, V: tl.constexpr,
                             FILTERED: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr,
-                            WAYS: tl.constexpr):
+                            BLOCK_S: tl.constexpr, WAYS: tl.constexpr, INTERPRET: tl.constexpr):
         """One program per row (the vocabulary V is a compile-time constant: one compile per
-        model, and the loops over it need no loaded bound): scan for the max (and first argmax), search the top-k and top-p
-        thresholds when the row filters, sum the kept mass, then write the probabilities and race
-        in one last pass."""
+        model, and the loops over it need no loaded bound). Passes over the row:
+        1. the max of x (its first argmax for greedy rows) and the mass exp(x - max), online;
+        2. top-k rows: the count search (`_count_search`, several passes) and the survivors' mass;
+        3. top-p rows: every kept entry has exp(x - m) >= (1 - top_p) * mass / V (the entries
+           below hold less than 1 - top_p of the mass together), so those candidates are
+           compacted into the probs row, used as scratch, and the mass search runs over them
+           alone; the kept mass is summed over them too. Other rows sum it over the row;
+        4. the probabilities written and, with SAMPLE, the race.
+        Without FILTERED the row holds weights: the race alone, one pass."""
         row = tl.program_id(0)
         row_off = row.to(tl.int64) * s_l
+        out_ptr = probs_ptr + row.to(tl.int64) * s_p
         row_hash = tl.full([], 0, dtype=tl.uint32)
         if SAMPLE:
             row_hash = _mix32(_mix32(tl.load(keys_ptr + row).to(tl.uint32) ^ salt.to(tl.uint32))
@@ -151,56 +202,72 @@ if triton is not None:
             greedy = T == 0
             sampled = T > 0
             T = tl.where(greedy, 1.0, T)
-            # The max of x (its first argmax for greedy rows).
             m = tl.full([], -float("inf"), dtype=tl.float32)
             m_i = tl.full([], 0, dtype=tl.int32)
+            z = tl.full([], 0.0, dtype=tl.float32)
             for start in range(0, V, BLOCK):
                 offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
                 c = tl.max(x, axis=0)
                 c_i = tl.min(tl.where(x == c, offs, V), axis=0)
+                m_new = tl.maximum(m, c)
+                z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
                 m_i = tl.where(c > m, c_i, m_i)
-                m = tl.maximum(m, c)
+                m = m_new
             t = tl.full([], -2147483648, dtype=tl.int64)   # the lowest int32 key: keep everything
             m_key = _key(m)
+            n_c = tl.full([], 0, dtype=tl.int32)
             if sampled:
                 if top_k < V:
-                    t = _search(logits_ptr, row_off, V, T, m, t, t, m_key, top_k, False,
-                                BLOCK, WAYS)
-                if top_p < 1.0:
-                    z = tl.zeros([BLOCK], dtype=tl.float32)
+                    t = _count_search(logits_ptr, row_off, V, T, t, m_key, top_k, BLOCK_S, WAYS)
+                    zk = tl.zeros([BLOCK], dtype=tl.float32)
                     for start in range(0, V, BLOCK):
                         offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
-                        z += tl.where(valid & (_key(x) >= t), tl.exp(x - m), 0.0)
-                    t = _search(logits_ptr, row_off, V, T, m, t, t, m_key,
-                                top_p * tl.sum(z, axis=0), True, BLOCK, WAYS)
-            z = tl.zeros([BLOCK], dtype=tl.float32)
-            for start in range(0, V, BLOCK):
-                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
-                e = tl.exp(x - m)
-                z += tl.where(valid & (_key(x) >= t) & (e >= min_p), e, 0.0)
-            inv_z = 1.0 / tl.sum(z, axis=0)
+                        zk += tl.where(valid & (_key(x) >= t), tl.exp(x - m), 0.0)
+                    z = tl.sum(zk, axis=0)
+                if top_p < 1.0:
+                    floor = (1.0 - top_p) * z / V
+                    lo = m_key
+                    for start in range(0, V, BLOCK):
+                        offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                        key = _key(x)
+                        keep = valid & (key >= t) & (tl.exp(x - m) >= floor)
+                        flag = keep.to(tl.int32)
+                        tl.store(out_ptr + n_c + tl.cumsum(flag, axis=0) - flag, x, mask=keep)
+                        n_c += tl.sum(flag, axis=0)
+                        lo = tl.minimum(lo, tl.min(tl.where(keep, key, m_key), axis=0))
+                    tl.debug_barrier()     # the candidates, stored by every thread, read by all
+                    t = _mass_search(out_ptr, n_c, m, tl.maximum(t, lo.to(tl.int64)), m_key,
+                                     top_p * z, BLOCK_S, WAYS)
+            z2 = tl.full([], 0.0, dtype=tl.float32)
+            if n_c > 0:
+                start = 0
+                while start < n_c:
+                    offs = start + tl.arange(0, BLOCK)
+                    x = tl.load(out_ptr + offs, mask=offs < n_c, other=float("-inf"))
+                    e = tl.exp(x - m)
+                    z2 += tl.sum(tl.where((_key(x) >= t) & (e >= min_p), e, 0.0), axis=0)
+                    start += BLOCK
+            else:
+                for start in range(0, V, BLOCK):
+                    offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                    e = tl.exp(x - m)
+                    z2 += tl.sum(tl.where(valid & (_key(x) >= t) & (e >= min_p), e, 0.0), axis=0)
+            inv_z = 1.0 / z2
+            tl.debug_barrier()         # every candidate read before the probabilities overwrite them
             for start in range(0, V, BLOCK):
                 offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
                 e = tl.exp(x - m)
                 p = tl.where(valid & (_key(x) >= t) & (e >= min_p), e * inv_z, 0.0)
                 p = tl.where(greedy, tl.where(offs == m_i, 1.0, 0.0), p)
-                tl.store(probs_ptr + row.to(tl.int64) * s_p + offs, p, mask=valid)
+                tl.store(out_ptr + offs, p, mask=valid)
                 if SAMPLE:
-                    r = p / -tl.log(_uniforms(row_hash, offs))
-                    c = tl.max(r, axis=0)
-                    c_i = tl.min(tl.where(r == c, offs, V), axis=0)
-                    best_i = tl.where(c > best, c_i, best_i)
-                    best = tl.maximum(best, c)
+                    best, best_i = _race_tile(p, offs, valid, row_hash, best, best_i, V, INTERPRET)
         else:
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 valid = offs < V
                 w = tl.load(logits_ptr + row_off + offs, mask=valid, other=0.0)
-                r = tl.where(valid, w / -tl.log(_uniforms(row_hash, offs)), -1.0)
-                c = tl.max(r, axis=0)
-                c_i = tl.min(tl.where(r == c, offs, V), axis=0)
-                best_i = tl.where(c > best, c_i, best_i)
-                best = tl.maximum(best, c)
+                best, best_i = _race_tile(w, offs, valid, row_hash, best, best_i, V, INTERPRET)
         if SAMPLE:
             tl.store(tok_ptr + row, best_i.to(tl.int64))
 
@@ -211,7 +278,7 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
     n, vocab = logits.shape
     if n == 0:
         return
-    block = block or min(1024, max(16, triton.next_power_of_2(vocab)))
+    block = block or min(4096, max(16, triton.next_power_of_2(vocab)))
     # A variant's unused outputs and inputs point at the logits (never touched).
     probs_arg = logits if probs is None else probs
     if tokens is not None:
@@ -220,16 +287,19 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
         logits, logits.stride(0), probs_arg, probs_arg.stride(0),
         logits if tokens is None else tokens, logits if params is None else params, n,
         logits if tokens is None else keys, logits if tokens is None else positions, stream_salt(tag),
-        vocab, FILTERED=probs is not None, SAMPLE=tokens is not None, BLOCK=block, WAYS=ways,
+        vocab, FILTERED=probs is not None, SAMPLE=tokens is not None, BLOCK=block,
+        BLOCK_S=min(block, 1024), WAYS=ways, INTERPRET=bool(triton.knobs.runtime.interpret),
         num_warps=num_warps)
 
 
 def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
-                block: int | None = None, ways: int = 16, num_warps: int = 8):
+                block: int | None = None, ways: int = 4, num_warps: int = 8):
     """Triton version of `sample_rows_reference` (see the module docstring): (probs, tokens),
-    tokens None without ``sample``. ``block`` columns per tile (default 1024, or the vocabulary
-    rounded up to a power of two when smaller), ``ways`` candidate keys per search pass (a power
-    of two). No host read: safe in a CUDA graph."""
+    tokens None without ``sample``. ``block`` columns per tile of a pass (default 4096, or the
+    vocabulary rounded up to a power of two when smaller; the searches take tiles of at most
+    1024), ``ways`` candidate keys per search pass (a power of two). The defaults are the
+    fastest measured on the H200 (bench/results/sampling-2026-12-02-h200*.json). No host read:
+    safe in a CUDA graph."""
     logits = logits.float()
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
@@ -244,5 +314,5 @@ def race(weights, keys, positions, tag: int, block: int | None = None, num_warps
     weights = weights.float()
     weights = weights if weights.stride(1) == 1 else weights.contiguous()
     tokens = torch.empty(weights.shape[0], dtype=torch.int64, device=weights.device)
-    _launch(weights, None, keys, positions, tag, None, tokens, block, 16, num_warps)
+    _launch(weights, None, keys, positions, tag, None, tokens, block, 4, num_warps)
     return tokens
