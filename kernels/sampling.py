@@ -82,7 +82,7 @@ if triton is not None:
         tag) is ``row_hash``: the same bits."""
         col = _mix32(offs.to(tl.uint32) * 0x9E3779B9 + 1)
         h = _mix32(row_hash ^ col)
-        return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+        return ((h >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)   # `unit_interval`
 
     @triton.jit
     def _key(x):

@@ -35,7 +35,7 @@ from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
 from .spec.policy import build_selection, collect_rows
 from .trace.positions import encode_positions
-from .transfer import to_host_async
+from .transfer import to_device, to_host_async
 
 
 @dataclass
@@ -479,11 +479,11 @@ class EngineCore:
         n = len(reqs)
         counts = [len(d) for d in lists]
         if on_device is None:
-            grid = torch.tensor([d + [0] * (width - len(d)) for d in lists], dtype=torch.long).view(n, width).to(dev)
+            grid = to_device([d + [0] * (width - len(d)) for d in lists], torch.long, dev).view(n, width)
             q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
             row_of = {r.request_id: i for i, r in enumerate(reqs)}
             for j, step_probs, rids in qprobs:  # a draft step's missing rows (greedy): q 0, see below
-                q[torch.tensor([row_of[rid] for rid in rids], device=dev), j] = step_probs.to(probs.dtype)
+                q[to_device([row_of[rid] for rid in rids], torch.long, dev), j] = step_probs.to(probs.dtype)
         else:
             # Chained drafts: tokens [steps, column] and distributions [steps, column, V] on the
             # device; the lists are placeholders, filled from the one read below.
@@ -495,19 +495,20 @@ class EngineCore:
                 q = qprobs[:width].transpose(0, 1) if torch.is_tensor(qprobs) else \
                     torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
             else:
-                cols = torch.tensor([columns[reqs[i].request_id] for i in rows], device=dev)
-                rows_t = torch.tensor(rows, device=dev)
+                cols = to_device([columns[reqs[i].request_id] for i in rows], torch.long, dev)
+                rows_t = to_device(rows, torch.long, dev)
                 grid = torch.zeros(n, width, dtype=torch.long, device=dev)
                 grid[rows_t] = tokens[:width].t()[cols]
                 q = torch.zeros(n, width, probs.shape[1], dtype=probs.dtype, device=dev)
                 if torch.is_tensor(qprobs):
                     q[rows_t] = qprobs[:width].transpose(0, 1)[cols].to(probs.dtype)
         qloc = torch.tensor([0] + [len(e.tokens) for e in entries]).cumsum(0)
-        host = torch.tensor([counts, [r.rng_key for r in reqs], [len(r.token_ids) for r in reqs]],
-                            dtype=torch.long)
-        on_dev = host.to(dev)
+        # Non-blocking uploads: a blocking one would wait out the verification queued before it.
+        on_dev = to_device([counts, [r.rng_key for r in reqs], [len(r.token_ids) for r in reqs]],
+                           torch.long, dev)
         accepted, token, q_d, p_d = rejection_sample_batch(
-            grid, on_dev[0], q, probs, qloc.to(dev), on_dev[1], on_dev[2], kernel=self.runner.kernels)
+            grid, on_dev[0], q, probs, to_device(qloc, torch.long, dev), on_dev[1], on_dev[2],
+            kernel=self.runner.kernels)
         packed = torch.cat([accepted[:, None].double(), token[:, None].double(), q_d.double(),
                             p_d.double(), grid.double()], dim=1)
         return _Sampled(accepted, token, lambda: self._sampled_results(reqs, entries, lists, counts, width,

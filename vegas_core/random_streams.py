@@ -12,7 +12,7 @@ Contract:
   from torch's global generator (so `torch.manual_seed` still makes unseeded runs repeat).
 - `uniforms(keys [N], positions [N] or [N, M], tag, width)`: float32 in (0, 1), shape
   [N, width] (or [N, M] for width 1 with 2-D positions); distinct (key, position, tag, column)
-  give independent-looking values. 24 bits each: (h + 0.5) / 2^24, never 0 or 1.
+  give independent-looking values. 23 bits each: (h + 0.5) / 2^23 (`unit_interval`), never 0 or 1.
 - Purposes (`tag`): TOKEN for the token kept at a position (a plain sample, a correction, a
   bonus), DRAFT for a draft's sample, ACCEPT for the acceptance test of a draft. One position
   uses each purpose at most once for what it emits (a draft redrawn after a rejection reuses its
@@ -70,4 +70,13 @@ def uniforms(keys: torch.Tensor, positions: torch.Tensor, tag: int, width: int =
         h = _mix32(row ^ _column_hash(1, keys.device)[0])
     else:
         h = _mix32(row[:, None] ^ _column_hash(width, keys.device)[None, :])
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit_interval(h)
+
+
+def unit_interval(h: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from 32-bit hashes: the top 23 bits plus a half, over 2^23. Every value
+    is exact in float32, the largest 1 - 2^-24. With 24 bits the largest, (2^24 - 0.5) / 2^24,
+    rounds to 1.0 in float32: the race's -log(u) was then 0, a zero-weight token's w / E was NaN,
+    and torch's argmax takes NaN as the maximum, so about one draw in 340 over a 49,152-token
+    vocabulary could emit a token outside the top-p filter."""
+    return ((h >> 9).to(torch.float32) + 0.5) * (1.0 / (1 << 23))

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .errors import InvalidRequestError
 from .random_streams import uniforms
+from .transfer import to_device
 
 
 def _is_number(x) -> bool:
@@ -116,11 +117,12 @@ def is_filtered(params: list[SamplingParams]) -> bool:
 
 def sampling_tensors(params: list[SamplingParams], vocab: int, device) -> Tensor:
     """float32 [4, N]: per row temperature (0: greedy), top-k (vocab when off), top-p, min-p;
-    what `probs_from_tensors` takes (a CUDA graph keeps them in a static buffer)."""
-    return torch.tensor([[p.temperature for p in params],
-                         [p.top_k if p.top_k > 0 else vocab for p in params],
-                         [p.top_p for p in params], [p.min_p for p in params]],
-                        dtype=torch.float32, device=device)
+    what `probs_from_tensors` takes (a CUDA graph keeps them in a static buffer). Uploaded
+    without waiting for the GPU (`transfer.to_device`): a verification's targets are filtered
+    while its forward may still be queued."""
+    return to_device([[p.temperature for p in params],
+                      [p.top_k if p.top_k > 0 else vocab for p in params],
+                      [p.top_p for p in params], [p.min_p for p in params]], torch.float32, device)
 
 
 def _one_hot(x: Tensor) -> Tensor:

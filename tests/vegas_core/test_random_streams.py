@@ -41,3 +41,17 @@ def test_stream_keys_follow_seeds():
     first = [stream_key(None) for _ in range(3)]
     torch.manual_seed(0)
     assert [stream_key(None) for _ in range(3)] == first and len(set(first)) == 3
+
+
+def test_the_extreme_hashes_stay_inside_the_open_interval():
+    """Every hash maps strictly inside (0, 1), the largest too: with 24 bits, (2^24 - 0.5) / 2^24
+    rounded to 1.0 in float32, so -log(u) was 0 and the race's w / E NaN or inf (a zero-weight
+    token could win)."""
+    from vegas_core.random_streams import unit_interval
+    top = torch.arange((1 << 32) - 4096, 1 << 32, dtype=torch.int64)       # the largest hashes
+    bottom = torch.arange(0, 4096, dtype=torch.int64)
+    u = unit_interval(torch.cat([bottom, top]))
+    assert float(u.min()) > 0 and float(u.max()) < 1 and float(-torch.log(u).min()) > 0
+    assert float(u.max()) == 1 - 2 ** -24 and float(u.min()) == 2 ** -24
+    # One more bit would reach 1.0: what the 24-bit form did.
+    assert float(((top >> 8).to(torch.float32) + 0.5).max() * (1.0 / (1 << 24))) == 1.0
