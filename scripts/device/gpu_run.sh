@@ -17,6 +17,7 @@
 #            (--order-tune), with that shape's kernel table
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
+#   sprofile the same profile of vegas at its tuned setting, model-card sampling against greedy
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -62,6 +63,12 @@ for stage in "$@"; do
                set -- $run; m=$1 name=$1-$2; shift 2
                timeout 150 python3 scripts/device/profile_step.py $m 64 6000 "$@" > "$OUT/profile-$name.txt" 2>&1
                echo "rc=$? profile $run" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$name.txt" | tail -14
+             done ;;
+    sprofile) for run in "vegas sampled --gamma 8 --sparsity 0.05 --temperature 0.2 --top-p 0.9" \
+                         "vegas greedy --gamma 8 --sparsity 0.05"; do
+               set -- $run; m=$1 name=$1-$2; shift 2
+               timeout 150 python3 scripts/device/profile_step.py $m 64 6000 "$@" > "$OUT/profile-$name.txt" 2>&1
+               echo "rc=$? profile $run" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$name.txt" | tail -16
              done ;;
     *) echo "unknown stage $stage" ;;
   esac

@@ -1,6 +1,6 @@
 """Where does a GPU decode iteration go? (on the device, after stage.sh:
 `python3 scripts/device/profile_step.py [method] [batch] [context] [--eager] [--gamma N]
-[--sparsity S] [--multi-step N] [--trace FILE]`). Prefills a batch of real-text prompts, runs a
+[--sparsity S] [--multi-step N] [--temperature T --top-p P] [--trace FILE]`). Prefills a batch of real-text prompts, runs a
 few iterations so every CUDA graph is captured, then profiles three with torch.profiler (CUPTI
 sees the kernels inside graph replays) and prints:
 - the top GPU kernels by total time and the top host operators;
@@ -33,7 +33,7 @@ PHASES = [(engine_mod.Engine, "step"), (engine_mod._Tracker, "update"),
           (engine_core.EngineCore, "_accept_all"), (engine_core.EngineCore, "_select_all"),
           (engine_core.EngineCore, "_emit"), (engine_core.EngineCore, "_wait"),
           (engine_core.EngineCore, "_run_ahead"), (engine_core.EngineCore, "_launch_early"),
-          (engine_core.EngineCore, "_keep_early"),
+          (engine_core.EngineCore, "_keep_early"), (engine_core.EngineCore, "_launch_sampled"),
           (engine_core.EngineCore, "_decode_chained"), (scheduler.Scheduler, "schedule"),
           (graphs.GraphRunner, "_fill"), (graphs.GraphRunner, "run"), (graphs.GraphRunner, "run_chain"),
           (graphs._Graph, "replay")]
@@ -96,6 +96,8 @@ ap.add_argument("--gamma", type=int, default=6)
 ap.add_argument("--sparsity", type=float, default=0.07)
 ap.add_argument("--multi-step", type=int, default=8)
 ap.add_argument("--eager", action="store_true")
+ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+ap.add_argument("--top-p", type=float, default=1.0)
 ap.add_argument("--trace", default=None, help="where to write the chrome trace (default: a temp file)")
 opt = ap.parse_args()
 method, batch, context, gamma = opt.method, opt.batch, opt.context, opt.gamma
@@ -109,7 +111,9 @@ engine = Engine(os.environ.get("VEGAS_DEVICE_MODEL"), "cuda", "bfloat16",
 tok = engine.tokenizer
 spec = SpecParams(method=method, gamma=gamma, sparsity=opt.sparsity, min_budget=16)
 for i in range(batch):
-    engine.add(texts.long_text(context, tok, offset=i * context), SamplingParams(max_tokens=200, ignore_eos=True), spec)
+    engine.add(texts.long_text(context, tok, offset=i * context),
+               SamplingParams(max_tokens=200, ignore_eos=True, temperature=opt.temperature, top_p=opt.top_p,
+                              seed=i), spec)
 while not any(engine.step()):      # prefill steps emit nothing
     pass
 for _ in range(4):                  # captures, compiles, first selections
@@ -119,7 +123,8 @@ for _ in range(4):                  # captures, compiles, first selections
 t = time.perf_counter()
 n = sum(len(e.new_token_ids) for _ in range(3) for e in engine.step())
 wall = (time.perf_counter() - t) / 3
-print(f"{method} b{batch} ctx~{context} gamma {gamma} sparsity {opt.sparsity} graphs={graphs_choice}: "
+print(f"{method} b{batch} ctx~{context} gamma {gamma} sparsity {opt.sparsity} graphs={graphs_choice} "
+      f"temperature {opt.temperature} top-p {opt.top_p}: "
       f"{wall * 1e3:.2f} ms per iteration, {n / 3 / wall:.0f} tokens/s unprofiled")
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for _ in range(3):
