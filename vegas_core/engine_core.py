@@ -511,8 +511,16 @@ class EngineCore:
             kernel=self.runner.kernels)
         packed = torch.cat([accepted[:, None].double(), token[:, None].double(), q_d.double(),
                             p_d.double(), grid.double()], dim=1)
-        return _Sampled(accepted, token, lambda: self._sampled_results(reqs, entries, lists, counts, width,
-                                                                      packed.cpu().tolist(), logits))
+        # Copied now, with an event of its own: `read()` then waits for this copy alone, not for
+        # the next draft chain `_launch_early` queues behind it (a plain .cpu() there waited out
+        # the whole chain before the host could accept and emit).
+        host, done = to_host_async(packed)
+
+        def read():
+            if done is not None:
+                done.synchronize()
+            return self._sampled_results(reqs, entries, lists, counts, width, host.tolist(), logits)
+        return _Sampled(accepted, token, read)
 
     def _sampled_results(self, reqs, entries, lists, counts, width, packed, logits) -> list[RejectionResult]:
         results = []
