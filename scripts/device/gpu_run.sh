@@ -54,7 +54,7 @@ for stage in "$@"; do
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
     sparse) mkdir -p "$OUT/results/sparse"; TAIL=12 step sparse 200 python3 -m vegas_core.bench kernels \
               --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune --out "$OUT/results/sparse" ;;
-    sampling) TAIL=14 step sampling 200 python3 -m vegas_core.bench sampling --ways 4 --warps 4 8 16 --out "$OUT/results" ;;
+    sampling) TAIL=14 step sampling 200 python3 -m vegas_core.bench sampling --ways 4 --warps 8 16 --out "$OUT/results" ;;
     e2e) TAIL=22 step e2e 330 "${E2E[@]}" ${E2E_ARGS:-} ;;
     tune) TAIL=16 step tune 450 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
             --workload long-input --batch 64 --gen-tokens ${TUNE_TOKENS:-256} --sparsities 0.02 0.04 0.07 0.1 0.15 \
