@@ -297,7 +297,8 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
                 read_TBps=logit_bytes / (per_gran["layer"] * 1e-6) / 1e12, copy_TBps=copy_tbps)
 
 
-def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) -> tuple[dict, list[dict]]:
+def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps,
+                placement: str = "shuffled") -> tuple[dict, list[dict]]:
     """Time verify_attention (no collection) over tile sizes, warps, pipeline depth and split
     counts at one shape; returns the fastest config and every trial."""
     from kernels.verify_attention import default_num_splits, verify_attention
@@ -330,7 +331,7 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps) ->
 
 
 def _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps, sweep,
-                         collects, configs) -> list[dict]:
+                         collects, configs, placement: str = "shuffled") -> list[dict]:
     """verify_attention at one shape for each collection path in `collects` ("none", "c2q"
     through the first/last tile, "c2q-main" the same rows from the main tile) and each launch
     option dict in `configs`; a config that fails (out of shared memory, a register cap too low)
