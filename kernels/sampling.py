@@ -120,28 +120,36 @@ if triton is not None:
         return tl.maximum(best, c), tl.where(c > best, c_i, best_i)
 
     @triton.jit
+    def _candidate_keys(lo, hi, WAYS: tl.constexpr):
+        """WAYS keys spaced evenly over (lo, hi], the last at hi (int64)."""
+        step = (hi - lo + WAYS) // (WAYS + 1)
+        return tl.minimum(lo + step * (tl.arange(0, WAYS).to(tl.int64) + 1), hi)
+
+    @triton.jit
+    def _narrow(cand, totals, target, lo, hi):
+        """A search pass's verdict: `totals` (a count or mass at each candidate key) never grows
+        with the key, so the candidates reaching `target` are a prefix; the threshold lies
+        between the last that does (else lo) and the key before the first that does not."""
+        ok = totals >= target
+        return tl.max(tl.where(ok, cand, lo)), tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
+
+    @triton.jit
     def _count_search(logits_ptr, row_off, V: tl.constexpr, T, lo, hi, target,
                       BLOCK: tl.constexpr, WAYS: tl.constexpr):
         """The largest int32 key t in [lo, hi] with at least `target` of the row's entries at or
-        above it (top-k's threshold). The count never grows with t, so the candidate keys that
-        pass are a prefix: each pass over the row counts at WAYS evenly spaced keys at once and
-        keeps the span between the last that passes and the first that fails. The count at lo
-        reaches the target (the caller's promise)."""
-        ways = tl.arange(0, WAYS).to(tl.int64)
+        above it (top-k's threshold): each pass over the row counts at WAYS keys at once
+        (`_candidate_keys`, `_narrow`). The count at lo reaches the target (the caller's
+        promise)."""
         lo = lo.to(tl.int64)
         hi = hi.to(tl.int64)
         while lo < hi:
-            step = (hi - lo + WAYS) // (WAYS + 1)
-            cand = tl.minimum(lo + step * (ways + 1), hi)
+            cand = _candidate_keys(lo, hi, WAYS)
             acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
             for start in range(0, V, BLOCK):
                 offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
                 key = _key(x).to(tl.int64)
                 acc += tl.where(valid[:, None] & (key[:, None] >= cand[None, :]), 1.0, 0.0)
-            ok = tl.sum(acc, axis=0) >= target
-            new_lo = tl.max(tl.where(ok, cand, lo))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
-            lo = new_lo
+            lo, hi = _narrow(cand, tl.sum(acc, axis=0), target, lo, hi)
         return lo
 
     @triton.jit
@@ -150,12 +158,10 @@ if triton is not None:
         cand_ptr[0:n_c]): the largest key t with the mass exp(x - m) of candidates at or above it
         reaching `target`. While loops over the runtime count: the interpreter takes no loaded
         bound in range()."""
-        ways = tl.arange(0, WAYS).to(tl.int64)
         lo = lo.to(tl.int64)
         hi = hi.to(tl.int64)
         while lo < hi:
-            step = (hi - lo + WAYS) // (WAYS + 1)
-            cand = tl.minimum(lo + step * (ways + 1), hi)
+            cand = _candidate_keys(lo, hi, WAYS)
             acc = tl.zeros([BLOCK, WAYS], dtype=tl.float32)
             start = 0
             while start < n_c:
@@ -164,10 +170,7 @@ if triton is not None:
                 key = _key(x).to(tl.int64)
                 acc += tl.where(key[:, None] >= cand[None, :], tl.exp(x - m)[:, None], 0.0)
                 start += BLOCK
-            ok = tl.sum(acc, axis=0) >= target
-            new_lo = tl.max(tl.where(ok, cand, lo))
-            hi = tl.minimum(hi, tl.min(tl.where(ok, hi + 1, cand)) - 1)
-            lo = new_lo
+            lo, hi = _narrow(cand, tl.sum(acc, axis=0), target, lo, hi)
         return lo
 
     @triton.jit

@@ -110,6 +110,14 @@ def device_tag(device: torch.device) -> str:
     return "-".join(words[:2]) or "cuda"
 
 
+def require_cuda(device: torch.device, what: str, cpu_check: str) -> None:
+    """GPU-only benchmarks end with one clear error on a CPU (exit status 2), naming where the
+    code they time is checked there instead."""
+    if device.type != "cuda":
+        from ..errors import InvalidRequestError
+        raise InvalidRequestError(f"the {what} benchmark needs a CUDA GPU ({cpu_check})")
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -476,10 +476,8 @@ def quest_record(shape, batch, context, block_size, device, copy_tbps):
 
 def run(args, argv: list[str]) -> str:
     device = torch.device(args.device)
-    if device.type != "cuda":
-        from ..errors import InvalidRequestError
-        raise InvalidRequestError("the kernel benchmark needs a CUDA GPU (the kernels' CPU check is "
-                                  "the test suite, under TRITON_INTERPRET=1)")
+    common.require_cuda(device, "kernel", "the kernels' CPU check is the test suite, under "
+                                          "TRITON_INTERPRET=1")
     torch.manual_seed(0)
     _check_verify(device)
     copy_tbps = copy_bandwidth(device)

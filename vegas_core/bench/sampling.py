@@ -78,10 +78,8 @@ def record(setting, rows, vocab, ways, warps, scale, device) -> dict:
 
 def run(args, argv: list[str]) -> str:
     device = torch.device(args.device)
-    if device.type != "cuda":
-        from ..errors import InvalidRequestError
-        raise InvalidRequestError("the sampling benchmark needs a CUDA GPU (the kernel's CPU check is "
-                                  "the test suite, under TRITON_INTERPRET=1)")
+    common.require_cuda(device, "sampling", "the kernel's CPU check is the test suite, under "
+                                            "TRITON_INTERPRET=1")
     torch.manual_seed(0)
     grid = [(s, r, w, nw) for s in args.settings for r in args.rows for w in args.ways for nw in args.warps]
     bar = common.progress_bar(len(grid), "sampling")
