@@ -4,10 +4,10 @@ exponential race of `vegas_core.sampling.sample_keyed` over the request's counte
 (`vegas_core.random_streams`), fused. Beside them `sample_rows_reference` and `race_reference`,
 the same signatures in plain PyTorch (those two functions).
 
-Why: the PyTorch form sorts every row of the vocabulary for top-p (a stable sort of [rows, V]),
-then hashes and races over [rows, V] in a dozen int64 passes. On the H200 that cost about 1 ms per
-sampled draft step of 64 rows and more per verification of 576 rows (bench/NOTES.md, version 26):
-a sampled Vegas iteration took twice a greedy one.
+Why: the PyTorch form sorts every row of the vocabulary for top-p, then hashes and races over
+[rows, V] in a dozen int64 passes: on the H200, 782 us for a 64-row draft step and 6.1 ms for a
+576-row verification at SmolLM2's 49,152 tokens, where this kernel takes 81 and 463 us
+(bench/results/sampling-2026-12-02-h200.json; bench/NOTES.md versions 26 and 28-30).
 
 The filter is a set of thresholds on the scaled logits x = logit / T (greedy rows, T = 0: a one-hot
 at the first argmax), so it needs no order, only the threshold (`probs_from_tensors` states the
@@ -29,7 +29,8 @@ Contract:
 Agreement with the reference (tests/kernels/test_sampling.py): probabilities within float32
 rounding (exp and the sums' order differ), the same kept sets except where a top-p boundary mass
 lies within rounding of the target, the same tokens except where two race values tie within
-rounding (the log differs by an ulp); the uniforms themselves are the same bits.
+rounding (compiled, the log is CUDA's logf as torch's; NumPy's under the interpreter); the
+uniforms themselves are the same bits.
 """
 from __future__ import annotations
 
@@ -42,14 +43,6 @@ try:  # Triton is optional: the CPU engine path only needs the reference.
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
-
-_M32 = 0xFFFFFFFF
-
-
-def stream_salt(tag: int) -> int:
-    """The per-purpose constant `random_streams.uniforms` XORs into a key, as 32 bits."""
-    return (tag * 0x632BE5AB + 0x5BD1E995) & _M32
-
 
 def sample_rows_reference(logits, params, keys, positions, tag: int, sample: bool = True):
     """`sample_rows` in PyTorch: `probs_from_tensors` (filtered form) then `sample_keyed`."""
@@ -278,6 +271,7 @@ if triton is not None:
 def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, num_warps):
     if triton is None:
         raise RuntimeError("kernels.sampling needs Triton; use the *_reference functions")
+    from vegas_core.random_streams import tag_salt
     n, vocab = logits.shape
     if n == 0:
         return
@@ -289,7 +283,7 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
     _sample_rows_kernel[(n,)](
         logits, logits.stride(0), probs_arg, probs_arg.stride(0),
         logits if tokens is None else tokens, logits if params is None else params, n,
-        logits if tokens is None else keys, logits if tokens is None else positions, stream_salt(tag),
+        logits if tokens is None else keys, logits if tokens is None else positions, tag_salt(tag),
         vocab, FILTERED=probs is not None, SAMPLE=tokens is not None, BLOCK=block,
         BLOCK_S=min(block, 1024), WAYS=ways, INTERPRET=bool(triton.knobs.runtime.interpret),
         num_warps=num_warps)

@@ -470,8 +470,9 @@ class EngineCore:
         read and gives the results. Greedy requests in the batch have one-hot distributions,
         which it matches by argmax as the greedy path does."""
         dev = logits.device
-        # Every row's target distribution in one call (one sort of the vocabulary for the whole
-        # batch when a request filters by top-k/top-p/min-p), not one per request.
+        # Every row's target distribution in one call, not one per request (on the GPU one
+        # `kernels.sampling` program per row; on the CPU one sort of the vocabulary for the batch
+        # when a request filters by top-k/top-p/min-p).
         probs = logits_to_probs(logits, [r.sampling for r, e in zip(reqs, entries) for _ in e.tokens],
                                 kernel=self.runner.kernels)
         lists = [drafts.get(r.request_id, []) for r in reqs]

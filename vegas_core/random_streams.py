@@ -52,6 +52,11 @@ def stream_key(seed: int | None) -> int:
     return _mix32_int(lo ^ _mix32_int(hi + _GOLDEN))
 
 
+def tag_salt(tag: int) -> int:
+    """The 32-bit constant a purpose XORs into a request's key (`kernels.sampling` uses it too)."""
+    return (tag * 0x632BE5AB + 0x5BD1E995) & _M32
+
+
 @functools.lru_cache(maxsize=16)
 def _column_hash(width: int, device: torch.device) -> torch.Tensor:
     return _mix32(torch.arange(width, dtype=torch.int64, device=device) * _GOLDEN + 1)
@@ -65,7 +70,7 @@ def uniforms(keys: torch.Tensor, positions: torch.Tensor, tag: int, width: int =
         if width != 1:
             raise ValueError("2-D positions draw one value each (width 1)")
         keys = keys[:, None]
-    row = _mix32(_mix32(keys ^ (tag * 0x632BE5AB + 0x5BD1E995)) + positions)
+    row = _mix32(_mix32(keys ^ tag_salt(tag)) + positions)
     if positions.dim() == 2:
         h = _mix32(row ^ _column_hash(1, keys.device)[0])
     else:
