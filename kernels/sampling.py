@@ -94,11 +94,11 @@ if triton is not None:
 
     @triton.jit
     def _neg_log(u, INTERPRET: tl.constexpr):
-        """-log(u) as torch computes it. Compiled, `tl.log` is an approximation whose relative
-        error near u = 1 (where the race's winners draw) reaches 1e-3 and moved one token in 576
-        away from `sample_keyed`'s on the H200 (bench/results/sampling-2026-12-02-h200-v1.json);
-        libdevice's logf is CUDA's, torch's. The interpreter has no libdevice; NumPy's log is
-        accurate."""
+        """-log(u) as torch computes it: compiled, libdevice's logf is CUDA's, the one torch's
+        log calls, so the race's values are `sample_keyed`'s. `tl.log` makes no such promise (a
+        fast approximation's relative error near u = 1, where the race's winners draw, is far
+        above an ulp); the two were not timed or compared apart. The interpreter has no
+        libdevice; NumPy's log is accurate."""
         if INTERPRET:
             return -tl.log(u)
         else:
