@@ -4,8 +4,9 @@ Contract:
 - `SamplingParams` is validated at construction (and again by `validate()`); every bad value raises
   `InvalidRequestError` naming the field, the value and the allowed range. `temperature == 0` is greedy.
 - `logits_to_probs(logits[N, V], params)` returns float32 probabilities, one row per request, after
-  temperature, top-k, top-p and min-p, in that order; greedy rows are a one-hot at `torch.argmax`
-  (ties: lowest index). Rows may have different parameters; the work is vectorised over rows and
+  temperature, top-k, top-p and min-p, in that order, each a threshold on the scaled logits, so
+  entries tied at a threshold are kept together (top-k may keep more than k; `_filter` states the
+  rule); greedy rows are a one-hot at `torch.argmax` (ties: lowest index). Rows may have different parameters; the work is vectorised over rows and
   needs no host sync.
 - `sample_from_probs(probs[N, V], generators)` draws one token per row with that row's generator
   (None: torch's global generator). One-hot rows always give their argmax. Seeded runs repeat exactly.
