@@ -68,8 +68,8 @@ def test_sample_rows_without_tokens_gives_the_same_probs():
 
 
 def test_ties_at_a_threshold_are_all_kept():
-    # Scaled logits 3, 2, 2, 1, 1, 0: top-k 2 keeps the two tied 2s with the 3 (four-way sort
-    # order would keep one); top-p reaching its mass inside the tied 1s keeps both of them.
+    # Scaled logits 3, 2, 2, 1, 1, 0: top-k 2 keeps both tied 2s with the 3 (a stable sort would
+    # keep only the lower-index 2); top-p reaching its mass inside the tied 1s keeps both of them.
     logits = torch.tensor([[3.0, 2.0, 1.0, 2.0, 0.0, 1.0]] * 2, device=DEVICE)
     e = torch.exp(logits[0] - 3.0)
     mass_to_ones = float(e[:4].sum() / e.sum())      # 3, 2, 2 and one of the 1s
