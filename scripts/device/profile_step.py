@@ -1,8 +1,8 @@
 """Where does a GPU decode iteration go? (on the device, after stage.sh:
 `python3 scripts/device/profile_step.py [method] [batch] [context] [--eager] [--gamma N]
 [--sparsity S] [--multi-step N] [--temperature T --top-p P] [--trace FILE]`). Prefills a batch of
-real-text prompts, runs a few iterations so every CUDA graph is captured, then profiles three with torch.profiler (CUPTI
-sees the kernels inside graph replays) and prints:
+real-text prompts, runs a few iterations so every CUDA graph is captured, then profiles three with
+torch.profiler (CUPTI sees the kernels inside graph replays) and prints:
 - the top GPU kernels by total time and the top host operators;
 - the iteration's wall time against the GPU's busy time;
 - where the GPU sat idle: each idle microsecond is charged to the innermost host phase running
