@@ -83,7 +83,7 @@ if triton is not None:
     @triton.jit
     def _sparse_tile(j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                      count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                     s_ib, s_ig, s_ik, s_tb, block_size,
+                     s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                      PRECISION: tl.constexpr):
         """Entries ``[j0, j0 + BLOCK_N)`` of the virtual list (selected, then tail), clipped to
@@ -98,8 +98,8 @@ if triton is not None:
         sel = tl.load(idx_ptr + req * s_ib + kvh * s_ig + j * s_ik, mask=is_sel, other=0)
         pos = tl.where(is_sel, sel, base + (j - count))
         pos = tl.where(n_valid, pos, 0)
-        page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
-        off = pos % block_size
+        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
+        off = pos % BLOCK_SIZE
         base_k = page.to(tl.int64) * s_kb + off * s_kt + kvh * s_kh
         base_v = page.to(tl.int64) * s_vb + off * s_vt + kvh * s_vh
         kv_mask = n_valid[:, None] & d_valid[None, :]
@@ -125,7 +125,7 @@ if triton is not None:
             s_ob, s_oh, s_od,
             s_ib, s_ig, s_ik,
             s_tb,
-            block_size,
+            BLOCK_SIZE: tl.constexpr,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
             PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
@@ -169,14 +169,14 @@ if triton is not None:
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
                 j0 += BLOCK_N
         else:
             for j0 in range(start, end, BLOCK_N):
                 m_i, l_i, acc = _sparse_tile(
                     j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
 
         if not SPLIT:
             l_safe = tl.where(l_i > 0, l_i, 1.0)

@@ -185,7 +185,7 @@ if triton is not None:
 
     @triton.jit
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-                 s_vb, s_vt, s_vh, s_vd, s_tb, block_size,
+                 s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                  MASKED: tl.constexpr):
         """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table.
@@ -195,11 +195,11 @@ if triton is not None:
         pos = start + offs_n
         n_valid = pos < ctx
         if MASKED:
-            page = tl.load(tables_ptr + req * s_tb + pos // block_size, mask=n_valid, other=0)
+            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
         else:
-            page = tl.load(tables_ptr + req * s_tb + pos // block_size)
-        base_k = page.to(tl.int64) * s_kb + (pos % block_size) * s_kt + kvh * s_kh
-        base_v = page.to(tl.int64) * s_vb + (pos % block_size) * s_vt + kvh * s_vh
+            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
+        base_k = page.to(tl.int64) * s_kb + (pos % BLOCK_SIZE) * s_kt + kvh * s_kh
+        base_v = page.to(tl.int64) * s_vb + (pos % BLOCK_SIZE) * s_vt + kvh * s_vh
         if MASKED or BLOCK_D != HEAD_DIM:
             kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
             k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask,
@@ -221,7 +221,7 @@ if triton is not None:
     def _attend_tile(start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                      keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                      logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
-                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                      COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
@@ -240,7 +240,7 @@ if triton is not None:
         (`launch_config` does) for collecting to leave the output unchanged."""
         pos, n_valid, k_tile, v_tile = _load_kv(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-            s_vb, s_vt, s_vh, s_vd, s_tb, block_size, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED)
+            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         if MASKED:
             visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
@@ -297,7 +297,7 @@ if triton is not None:
             s_gr, s_gh, s_gc,
             s_tb,
             s_ps, s_pt, s_ph,
-            block_size,
+            BLOCK_SIZE: tl.constexpr,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
@@ -371,7 +371,7 @@ if triton is not None:
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
                 start += BLOCK_N
             while start < hi:
@@ -379,7 +379,7 @@ if triton is not None:
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
                 start += BLOCK_N
         else:
@@ -388,14 +388,14 @@ if triton is not None:
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
             for start in range(mid, hi, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, block_size,
+                    s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
 
         if COLLECT != 0:
