@@ -15,6 +15,8 @@
 #            shape's kernel table
 #   order    verify_attention with and without unmasked tiles, sparse_attention's stages and warps
 #            (--order-tune), with that shape's kernel table
+#   layout   the attention kernels over token-major and head-major pools, pages of 16 and 64
+#            (--layout-sweep), with that shape's kernel table
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   sprofile the same profile of vegas at its tuned setting, model-card sampling against greedy
@@ -43,6 +45,8 @@ for stage in "$@"; do
              --batch 64 --context 8192 --sweep-rows 8 --no-tune --merge-tune --out "$OUT/results/merge" ;;
     order) mkdir -p "$OUT/results/order"; TAIL=16 step order 300 python3 -m vegas_core.bench kernels \
              --batch 64 --context 8192 --sweep-rows 8 --no-tune --order-tune --out "$OUT/results/order" ;;
+    layout) mkdir -p "$OUT/results/layout"; TAIL=60 step layout 300 python3 -m vegas_core.bench kernels \
+             --batch 64 --context 8192 --sweep-rows 8 --no-tune --layout-sweep --out "$OUT/results/layout" ;;
     select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;

@@ -3,7 +3,8 @@ the measured copy bandwidth and torch SDPA on the same dense work.
 
 Every kernel runs on random bf16 data in a paged pool with shuffled block tables (never zeros),
 after its output was checked against the PyTorch reference on a small case (`--placement-sweep`
-times them with the pages placed other ways too: sequential, interleaved, scattered). Times are the median
+times them with the pages placed other ways too: sequential, interleaved, scattered;
+`--layout-sweep` with pages stored head-major and 64 tokens long). Times are the median
 of `triton.testing.do_bench` (CUDA events, warm-up first). `read_TBps` = the bytes a kernel must
 read (the K/V entries it attends, plus the logits the selection reads) / time; `copy_TBps` = a
 1 GiB device-to-device copy, counting bytes read plus written, measured in the same run.
@@ -67,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement-sweep", action=argparse.BooleanOptionalAction, default=False,
                    help="time verify_attention and sparse_attention with the pages shuffled, "
                         "sequential, interleaved and scattered over a larger pool")
+    p.add_argument("--layout-sweep", action=argparse.BooleanOptionalAction, default=False,
+                   help="time verify_attention and sparse_attention over pools stored token-major "
+                        "and head-major, at page sizes 16 and 64")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -124,15 +128,26 @@ def page_tables(batch: int, per: int, placement: str = "shuffled", spread: int =
     raise ValueError(f"placement must be one of {PLACEMENTS}, got {placement!r}")
 
 
+LAYOUTS = ("token-major", "head-major")
+
+
 def paged_case(batch, context, kv_heads, dim, block_size, device, dtype=torch.bfloat16, seed=0,
-               placement: str = "shuffled"):
+               placement: str = "shuffled", layout: str = "token-major"):
     """A pool holding `batch` requests of `context` tokens, pages placed by `placement`
-    (`page_tables`; shuffled unless asked)."""
+    (`page_tables`; shuffled unless asked). K and V are always indexed [block, offset, KV head,
+    dim]; `layout` is how a page is stored: token-major (offset then KV head, the engine's pool)
+    or head-major (KV head then offset, a strided view: one KV head's keys of a page contiguous)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     per = math.ceil(context / block_size)
     tables, num_blocks = page_tables(batch, per, placement, seed=seed)
     tables = tables.to(device)
-    k = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
-    v = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
+    if layout == "head-major":
+        k = torch.randn(num_blocks, kv_heads, block_size, dim, device=device, dtype=dtype).transpose(1, 2)
+        v = torch.randn(num_blocks, kv_heads, block_size, dim, device=device, dtype=dtype).transpose(1, 2)
+    else:
+        k = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
+        v = torch.randn(num_blocks, block_size, kv_heads, dim, device=device, dtype=dtype)
     ctx = torch.full((batch,), context, dtype=torch.int32, device=device)
     return k, v, tables, ctx
 
@@ -177,18 +192,21 @@ def _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim):
 
 
 def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps, with_sdpa=True,
-                   config: dict | None = None, placement: str = "shuffled"):
+                   config: dict | None = None, placement: str = "shuffled",
+                   layout: str = "token-major"):
     """Collection as the engine runs it: the collected rows and their slot map are built once per
     step (not per layer), so they are prepared outside the timed call."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     config = config or {}
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
+                                   layout=layout)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
     loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
     kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
     base = dict(shape=shape, batch=batch, context=context, q_rows=q_rows, heads=heads,
-                kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps, placement=placement)
+                kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps, placement=placement,
+                layout=layout, block_size=block_size)
     sdpa_us, backend = _sdpa(q_rows, k, v, tables, batch, context, heads, kvh, dim) if with_sdpa else (None, None)
     records, none_us = [], None
     loc_cpu = loc.cpu()
@@ -217,11 +235,12 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
                   block_n: int = 32, num_splits: int | None = None, placement: str = "shuffled",
-                  **launch):
+                  layout: str = "token-major", **launch):
     """`launch`: sparse_attention's other options (num_warps, num_stages), recorded as given."""
     from kernels.sparse_attention import sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
+                                   layout=layout)
     base = context - tail
     budget = max(1, math.ceil(sparsity * base))
     score = torch.rand(batch, kvh, base, device=device)
@@ -239,7 +258,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
                 budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
-                block_n=block_n, num_splits=num_splits, launch=launch or None, placement=placement)
+                block_n=block_n, num_splits=num_splits, launch=launch or None, placement=placement,
+                layout=layout, block_size=block_size)
 
 
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
@@ -331,21 +351,24 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 
 def _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy_tbps, sweep,
-                         collects, configs, placement: str = "shuffled") -> list[dict]:
+                         collects, configs, placement: str = "shuffled",
+                         layout: str = "token-major") -> list[dict]:
     """verify_attention at one shape for each collection path in `collects` ("none", "c2q"
     through the first/last tile, "c2q-main" the same rows from the main tile) and each launch
     option dict in `configs`; a config that fails (out of shared memory, a register cap too low)
     is recorded with its error. Records carry `sweep`."""
     from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
-    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
+    k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
+                                   layout=layout)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
     loc = torch.arange(0, batch * q_rows + 1, q_rows, dtype=torch.int32, device=device)
     rows = collected_rows(loc.cpu(), "c2q")
     slots = collected_row_slots(rows, batch * q_rows).to(device)
     kv_bytes = 2 * batch * context * kvh * dim * k.element_size()
     base = dict(kernel="verify_attention", sweep=sweep, shape=shape, batch=batch, context=context,
-                q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps)
+                q_rows=q_rows, heads=heads, kv_heads=kvh, head_dim=dim, copy_TBps=copy_tbps,
+                layout=layout, block_size=block_size)
     out = []
     for collect in collects:
         mode = "none" if collect == "none" else rows
@@ -437,6 +460,35 @@ def tune_placement(shape, batch, context, q_rows, sparsity, block_size, device, 
     return out
 
 
+def tune_layout(shape, batch, context, q_rows, sparsity, device, copy_tbps):
+    """The attention kernels over pools stored token-major (the engine's) and head-major, at page
+    sizes 16 and 64 (`paged_case`; records with `sweep: layout`): verify_attention at `q_rows`
+    rows and at one row (the plain decode step), a few launches at one row, sparse_attention.
+    Token-major, a program of one KV head reads 128-byte rows (head dim 64, bf16) three rows apart
+    (SmolLM2's 3 KV heads); head-major, a whole page of its keys is one contiguous run, as the
+    dense K/V that torch SDPA reads."""
+    out = []
+    one_row = [{}, dict(block_n=64), dict(num_warps=8), dict(num_stages=3)]
+    for layout in LAYOUTS:
+        for block_size in (16, 64):
+            for rows in sorted({q_rows, 1}):
+                configs = one_row if rows == 1 else [{}]
+                collects = ("none",) if rows == 1 else ("none", "c2q")
+                out += _time_verify_configs(shape, batch, context, rows, block_size, device, copy_tbps,
+                                            "layout", collects, configs, layout=layout)
+            rec = sparse_record(shape, batch, context, sparsity, q_rows, block_size, device, copy_tbps,
+                                layout=layout)
+            out.append(dict(rec, sweep="layout", config={}))
+    for r in out:
+        if "us" in r:
+            print(f"layout {shape} {r['layout']:11s} page {r['block_size']:2d} {r['kernel']:16s} "
+                  f"{r['collect']:4s} rows {r['q_rows']:2d} {r.get('config') or ''}: {r['us']:7.1f} us "
+                  f"{r['read_TBps'] / copy_tbps:4.0%} of copy")
+        else:
+            print(f"layout {shape} {r['layout']} page {r['block_size']} {r.get('config')}: {r.get('error')}")
+    return out
+
+
 def print_sweep(sweep: str, shape: str, records: list[dict], groups) -> None:
     """One line per (kernel, collection, rows) group of a sweep (rows None: any): every timed
     configuration and the fastest."""
@@ -513,6 +565,10 @@ def run(args, argv: list[str]) -> str:
         for shape in args.shapes:
             records += tune_placement(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity,
                                       args.block_size, device, copy_tbps)
+    if args.layout_sweep:
+        for shape in args.shapes:
+            records += tune_layout(shape, sweep_b, sweep_ctx, args.q_rows, args.sparsity, device,
+                                   copy_tbps)
     grid = [(s, b, c) for s in args.shapes for b in args.batch for c in args.context]
     bar = common.progress_bar(len(grid) + 2 * len(args.shapes), "kernels")
     for shape, batch, context in grid:

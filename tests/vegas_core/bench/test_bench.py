@@ -274,6 +274,24 @@ def test_page_tables_place_each_request_as_named():
         page_tables(batch, per, "random")
 
 
+def test_head_major_pages_are_a_strided_view_the_kernels_read():
+    """`paged_case(layout="head-major")` stores one KV head's keys of a page contiguously but is
+    indexed [block, offset, KV head, dim] like the engine's pool, so the kernels take it through
+    their strides alone: verify_attention (interpreter, float32) matches the reference on it."""
+    from kernels.verify_attention import verify_attention, verify_attention_reference
+    from vegas_core.bench.kernels import paged_case
+    k, v, tables, _ = paged_case(2, 200, 3, 16, 16, "cpu", dtype=torch.float32, layout="head-major")
+    assert k.shape == (26, 16, 3, 16) and k.stride() == (768, 16, 256, 1)    # offset, then head
+    ctx = torch.tensor([200, 77], dtype=torch.int32)
+    loc = torch.tensor([0, 8, 9], dtype=torch.int32)
+    q = torch.randn(9, 9, 16)
+    want = verify_attention_reference(q, k, v, tables, ctx, loc, 0.25)[0]
+    got = verify_attention(q, k, v, tables, ctx, loc, 0.25, num_splits=2)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="layout"):
+        paged_case(1, 16, 1, 16, 16, "cpu", layout="slot-major")
+
+
 def test_frozen_heap_hides_what_lives_and_gives_it_back():
     """Inside `frozen_heap` the objects alive at its start are out of the collector's
     generations (a full collection does not walk them); on exit they are back, so an object
