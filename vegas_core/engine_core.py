@@ -88,7 +88,7 @@ class EngineCore:
         self.run_ahead = opts.run_ahead and self.runner.graphs is not None and not opts.trace
         self._ahead: _Chain | None = None         # a chain launched at the end of the last iteration
         self._chain_marks = None                  # timing marks of the chain the last take used
-        self.chains = dict(launched=0, ahead=0, ahead_used=0, early=0)   # counters (tests, benchmarks)
+        self.chains = dict(launched=0, ahead=0, ahead_used=0, early=0, early_used=0)   # counters (tests, benchmarks)
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         self._t0 = time.perf_counter()
@@ -243,7 +243,7 @@ class EngineCore:
         drafts, qprobs, on_device = self._draft(reqs)
         m_draft = self._mark()
         draft_span, self._chain_marks = self._chain_marks or (m_start, m_draft), None
-        chained = None if drafts else self._decode_chained(reqs)
+        chained, chained_ahead = (None, False) if drafts else self._decode_chained(reqs)
         bases = [req.num_cached for req in reqs]
         old_selections = [req.selection for req in reqs]
         selecting = []                      # (start, end) marks of the selection launches
@@ -251,6 +251,8 @@ class EngineCore:
         if chained is not None:
             results, m_verify = chained, self._mark()
             verify_span = self._chain_marks or (m_draft, m_verify)
+            if chained_ahead:
+                m_gpu_end = verify_span[1]          # the next chain starts where this one ends
         else:
             entries, logits, collector = self._verify(reqs, drafts, on_device)
             argmax = logits.argmax(dim=-1) if all(r.sampling.is_greedy for r in reqs) else None
@@ -287,7 +289,8 @@ class EngineCore:
             if not out.finished:
                 # A chain launched early writes past the verified prefix: keep its pages (and
                 # the next verification's), which the next iteration would reserve anyway.
-                self.allocator.truncate(req.request_id, req.num_cached + (lookahead(req) if early else 0))
+                self.allocator.truncate(req.request_id,
+                                        req.num_cached + (lookahead(req, self.decode_steps) if early else 0))
         if not early:
             self._run_ahead()
         self._wait(m_end)     # this iteration's GPU work, not the chain launched ahead
@@ -371,6 +374,7 @@ class EngineCore:
         self.chains["ahead"] += 1
         self.chains["early"] += 1
         self._ahead = self._new_chain("draft", None, limits, tokens, start, reqs, sampling)
+        self._ahead.early = True
         return True
 
     def _keep_early(self, reqs: list[Request]) -> bool:
@@ -396,6 +400,7 @@ class EngineCore:
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.kind == kind and ahead.state == _chain_state(reqs):
             self.chains["ahead_used"] += 1
+            self.chains["early_used"] += ahead.early
             chain = ahead
         else:
             chain = self._launch_chain(kind, reqs)
@@ -542,16 +547,58 @@ class EngineCore:
     def _decode_chained(self, reqs):
         """A vanilla batch on CUDA graphs: up to `multi_step` plain decode steps chained on the
         GPU (argmax, or sampled in the graph from each request's stream), one host round trip
-        for all of them (the same tokens as one step at a time). Returns the results or None
-        (then one step runs the usual way)."""
+        for all of them (the same tokens as one step at a time). Returns the results (None: then
+        one step runs the usual way) and whether the next chain was launched behind this one
+        (`_launch_decode_ahead`)."""
         if self.decode_steps <= 1 or any(r.spec.speculative for r in reqs):
-            return None
+            return None, False
         chain = self._take_chain("decode", reqs)
         if chain is None:
-            return None
-        toks = chain.tokens.cpu().numpy()
+            return None, False
+        # The chain's tokens are copied out before the next chain (which rewrites the history)
+        # is queued behind it; the host then waits for this copy alone.
+        host, done = to_host_async(chain.tokens.clone())
+        ahead = self._launch_decode_ahead(reqs, chain)
+        if done is not None:
+            done.synchronize()
+        toks = host.numpy()
         return [RejectionResult(num_accepted=0, tokens=toks[:n, i].tolist(), bonus=False, draft_probs=[],
-                                target_probs=[]) for i, n in enumerate(chain.limits)]
+                                target_probs=[]) for i, n in enumerate(chain.limits)], ahead
+
+    def _launch_decode_ahead(self, reqs: list[Request], chain: "_Chain") -> bool:
+        """Queue a vanilla batch's next chain right behind this one, before the host has read its
+        tokens: it starts from each request's last chained token on the device, at the position
+        the host will reach (a chain runs exactly its limits, so only the token is unknown). The
+        GPU then decodes while the host emits and schedules, instead of idling until
+        `_run_ahead`. Only when the next batch is certain to be these requests and none reaches
+        max_tokens in this chain; `_keep_early` drops it if one stopped (a stop token) or the
+        batch changed."""
+        if not self.run_ahead or not self._next_batch_is(reqs):
+            return False
+        limits = []
+        for r, n in zip(reqs, chain.limits):
+            left = r.sampling.max_tokens - r.num_generated - n
+            if left <= 0:
+                return False          # finishes with this chain: the next batch is another
+            limits.append(min(self.decode_steps, left))
+        if not self.scheduler.reserve(reqs, extra=limits):
+            return False
+        starts = [r.num_cached + n for r, n in zip(reqs, chain.limits)]
+        entries = [BatchEntry(r.request_id, [0], s, logits="all") for r, s in zip(reqs, starts)]
+        last = to_device([n - 1 for n in chain.limits], torch.long, self.device)
+        ids = chain.tokens.gather(0, last[None])[0]
+        start = self._mark()
+        sampling = _chain_sampling(reqs)
+        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
+                                   first=(ids, to_device(starts, torch.long, self.device)),
+                                   sampling=sampling)
+        if tokens is None:
+            return False
+        self.chains["ahead"] += 1
+        self.chains["early"] += 1
+        self._ahead = self._new_chain("decode", None, limits, tokens, start, reqs, sampling)
+        self._ahead.early = True
+        return True
 
     def _draft(self, reqs):
         """Drafts (lists by request id), draft distributions of sampled drafts, and for drafts
@@ -705,6 +752,7 @@ class _Chain:
     marks: tuple                   # timing marks around the launch
     selections: list               # held, so the state's selection ids stay unique
     probs: torch.Tensor | None = None   # sampled drafts: their distributions [steps, batch, V]
+    early: bool = False            # launched before the host read the work it follows
 
 
 @dataclass
