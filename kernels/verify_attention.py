@@ -54,7 +54,6 @@ class LaunchConfig(NamedTuple):
     fused_merge: bool    # the last split merges (kernels.split_merge), not a second kernel
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
     unmasked_tiles: bool  # tiles every row sees whole skip the masks (_attend_tile)
-    c2q_from_main: bool = False  # Collect-2-Query's scores taken from the main tile (COLLECT 3)
 
 
 def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> LaunchConfig:
@@ -91,16 +90,7 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> Launch
       -> 331 against the earlier run). Compiled, an unmasked tile's scores can differ from a
       masked one's in the last bit (the GPU test that collecting leaves the output unchanged
       failed with C2Q unmasked and no collection masked), so every path of one head dim makes
-      the same choice: at 64 all keep masking every tile;
-    - Collect-2-Query from the main tile (`c2q_from_main`): the kernel keeps a request's first
-      and last rows in its tile's first rows, and COLLECT 3 takes their scores from there instead
-      of a second dot. A/B in one run (kernels-2026-12-02-h200-c2q-from-main.json, batch 64 x
-      8K): at 8 rows 162.5 -> 155.9 us at head dim 64 (+17 -> +12 % over none) and 709.6 ->
-      639.5 at 128 (+29 -> +16 %), the same logits either way, and at head dim 64 the same
-      output bits as no collection; at 16 rows (64-row tiles) it is slower (216 -> 300 us, 761
-      -> 982), so only tiles of up to 32 rows take it. (At head dim 128 the C2Q paths' 64-key
-      tiles give an output within one bf16 step of no collection's 128-key tiles, not the same
-      bits: measured in the same run, max difference 4.9e-4.)"""
+      the same choice: at 64 all keep masking every tile."""
     small = head_dim <= 64
     unmasked = not small          # one choice per head dim for every path (see above)
     if collect_mode == 0:
@@ -110,7 +100,7 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> Launch
         capped = block_m <= 32
         return LaunchConfig(128 if small else 64, 4, 2, fused_merge=capped,
                             max_registers=(168 if small else 128) if capped else 0,
-                            unmasked_tiles=unmasked, c2q_from_main=capped)
+                            unmasked_tiles=unmasked)
     return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
 
 
@@ -258,14 +248,6 @@ if triton is not None:
         if COLLECT == 1:
             _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
                           s_gr, s_gh, s_gc)
-        if COLLECT == 3:
-            # The first and last rows' heads are the tile's first 2 * GROUP rows: the first
-            # BLOCK_C rows of the scores, taken by a max over the tile's row blocks of which all
-            # but the first are -inf (exact; no second dot, no store over the whole tile).
-            s3 = tl.reshape(s, [q_tile.shape[0] // slot_c.shape[0], slot_c.shape[0], BLOCK_N])
-            lead = tl.arange(0, q_tile.shape[0] // slot_c.shape[0]) == 0
-            s_c = tl.max(tl.where(lead[:, None, None], s3, float("-inf")), axis=0)
-            _store_logits(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid, s_gr, s_gh, s_gc)
         if COLLECT == 2:
             s_c = tl.dot(q_c, tl.trans(k_tile), input_precision=PRECISION) * scale
             if MASKED:
@@ -346,11 +328,7 @@ if triton is not None:
 
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        # Tile rows hold the request's first row, its last, then the rows between (every path
-        # alike, so collecting does not move a row): Collect-2-Query's rows are the tile's first
-        # 2 * GROUP (COLLECT 3 takes their scores from the tile as they are).
         row = offs_m // GROUP
-        row = tl.where(row == 0, 0, tl.where(row == 1, q_len - 1, row - 1))
         head = kvh * GROUP + offs_m % GROUP
         m_valid = offs_m < q_len * GROUP
         d_valid = offs_d < HEAD_DIM
@@ -366,12 +344,11 @@ if triton is not None:
         c_row = tl.where(offs_c < GROUP, 0, q_len - 1)
         head_c = kvh * GROUP + offs_c % GROUP
         c_valid = (offs_c < 2 * GROUP) & ((offs_c < GROUP) | (q_len > 1)) & (q_len > 0) \
-            & ((COLLECT == 2) | (COLLECT == 3))
+            & (COLLECT == 2)
         slot_c = tl.load(slot_ptr + q_start + c_row, mask=c_valid, other=-1)
         keep_c = c_valid & (slot_c >= 0)
         q_c = tl.load(q_ptr + (q_start + c_row)[:, None] * s_qt + head_c[:, None] * s_qh
-                      + offs_d[None, :] * s_qd, mask=keep_c[:, None] & d_valid[None, :] & (COLLECT == 2),
-                      other=0.0)
+                      + offs_d[None, :] * s_qd, mask=keep_c[:, None] & d_valid[None, :], other=0.0)
         row_pos_c = ctx - q_len + c_row
 
         m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)          # finite: padded rows stay NaN-free
@@ -514,8 +491,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
-                     max_registers: int | None = None, unmasked_tiles: bool | None = None,
-                     c2q_from_main: bool | None = None):
+                     max_registers: int | None = None, unmasked_tiles: bool | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -523,11 +499,9 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     request's context into that many equal ranges processed by separate programs and merged
     (flash-decoding); None picks `default_num_splits`.
 
-    ``c2q_tile``: collect the first and last rows only (valid when every collected row is one of
-    its request's first or last; None: exactly when ``collect="c2q"``) instead of storing any
-    row set from the main tile: their scores taken from the main tile's first rows, where the
-    kernel keeps them (``c2q_from_main``, `launch_config`'s choice for tiles of up to 32 rows), or
-    scored again in a small tile of their own.
+    ``c2q_tile``: collect through a small tile of the first and last rows only (valid when every
+    collected row is one of its request's first or last; None: exactly when ``collect="c2q"``)
+    instead of storing from the main tile.
 
     An engine attends the same batch in every layer; it passes what does not change so that no
     call reads the device from the host: ``max_ctx`` (the longest context), ``max_q`` (the most
@@ -560,7 +534,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles, c2q_from_main=c2q_from_main)
+                          unmasked_tiles=unmasked_tiles)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -570,8 +544,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           block_n: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
-                          unmasked_tiles: bool | None = None,
-                          c2q_from_main: bool | None = None) -> None:
+                          unmasked_tiles: bool | None = None) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -585,10 +558,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     (`kernels.split_merge`); False launches `_merge_splits_kernel` after. ``max_registers`` caps
     registers per thread (Triton's ``maxnreg``; 0: no cap), which sets how many programs an SM
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
-    False masks every tile (the same output within rounding, not always bit for bit).
-    ``c2q_from_main``: with ``c2q_tile``, take the two rows' scores from the main tile (when
-    2 * GROUP rows fit in it) instead of a second dot. All of these, like the tile, warps and
-    stages, default to `launch_config`'s."""
+    False masks every tile (the same output within rounding, not always bit for bit). All of
+    these, like the tile, warps and stages, default to `launch_config`'s."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -598,10 +569,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
     block_m = max(16, triton.next_power_of_2(max_q * group))
     cfg = launch_config(collect_mode, dim, block_m)
-    block_c = max(16, triton.next_power_of_2(2 * group))
-    c2q_from_main = cfg.c2q_from_main if c2q_from_main is None else c2q_from_main
-    if collect_mode == 2 and c2q_from_main and 2 * group <= block_m:
-        collect_mode, block_c = 3, triton.next_power_of_2(2 * group)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
@@ -628,7 +595,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_C=block_c, COLLECT=collect_mode, SPLIT=split,
+        BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
         FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
         INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra)

@@ -4,7 +4,8 @@ scores taken from it (`c2q_from_main=True`), at batch 64 x 8K, 8 and 16 rows, bo
 Also whether each path's output equals no collection's bit for bit on the GPU. Writes
 $OUT/results/kernels-c2q-from-main.json (bench/results/kernels-2026-12-02-h200-c2q-from-main.json,
 measured before the row order became every path's and `c2q_from_main` the default at 8 rows; the
-"tile" rows pass c2q_from_main=False). Run from the repository root with PYTHONPATH=.."""
+"tile" rows pass c2q_from_main=False). Needs the kernel of commit 9b9ac44 (reverted after; see
+scripts/device/probe_row_order.py). Run from the repository root with PYTHONPATH=.."""
 import datetime
 import json
 import os

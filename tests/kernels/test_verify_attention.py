@@ -78,29 +78,6 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             check_logits(logits, ref_logits)
 
 
-@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads", [
-    ([1, 2, 9, 3], [40, 18, 70, 33], 9, 3),     # SmolLM2's ratio, 9 rows (vegas at gamma 8): 32-row tile
-    ([1, 3, 2], [20, 50, 35], 4, 4),            # GQA 1: the two rows' scores are 2 of 16 tile rows
-    ([1, 1], [37, 64], 16, 2),                  # GQA 8, one row: 2 * 8 rows fill the 16-row tile
-])
-def test_c2q_from_the_main_tile_matches_the_small_tile(q_lens, ctx_lens, heads, kv_heads):
-    """Collect-2-Query's scores taken from the main tile's first rows (`c2q_from_main`, where the
-    kernel keeps each request's first and last rows) equal the reference's and the small tile's
-    (a second dot), and leave the output no collection gives, bit for bit; with and without
-    splits. The tests above run 64-row tiles, which always take the small tile."""
-    args = make_case(q_lens, ctx_lens, heads, kv_heads, 16, seed=21)
-    ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect="c2q")
-    for splits in (1, 3):
-        kw = dict(num_splits=splits, block_n=16)
-        base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
-        for from_main in (True, False):
-            out, lse, logits = verify_attention(*args, collect="c2q", c2q_from_main=from_main, **kw)
-            check_logits(logits, ref_logits)
-            assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
-            torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
-            torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("unmasked", [False, True])
 def test_unmasked_tiles_match_reference_and_collect_keeps_output(unmasked):
     """Tiles every row sees whole may skip the masks (`unmasked_tiles`): either way the reference's
