@@ -150,12 +150,16 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
         assert core.allocator.num_free == core.allocator.num_blocks
 
 
-def test_vanilla_chains_launch_behind_each_other(tiny):
+@pytest.mark.parametrize("sampled", [False, True])
+def test_vanilla_chains_launch_behind_each_other(tiny, sampled):
     """A vanilla batch's next chain is queued behind the running one, from its last tokens on
     the device, before the host has read them; it is used while the batch stays the same and
-    none is past max_tokens (three requests finishing at different chains). The tokens equal
-    the reference path's and every page comes back."""
-    sampling = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (34, 52, 40)]
+    none is past max_tokens (three requests finishing at different chains). Greedy, and sampled
+    in the graph from each request's stream (top-p). The tokens equal the reference path's and
+    every page comes back."""
+    card = dict(temperature=0.8, top_p=0.9) if sampled else {}
+    sampling = [SamplingParams(max_tokens=n, ignore_eos=True, seed=i, **card)
+                for i, n in enumerate((34, 52, 40))]
     outs = {}
     for graphs, attention in (("off", "reference"), (GRAPHS, "triton")):
         core = _core(tiny, graphs, attention)
