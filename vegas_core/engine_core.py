@@ -365,15 +365,20 @@ class EngineCore:
         # numbers replace them.
         entries = [BatchEntry(r.request_id, [0], r.num_cached + 1 + g, sparse=r.selection, logits="last")
                    for r, g in zip(reqs, limits)]
+        return self._launch_from_device("draft", reqs, entries, limits, (nxt, firsts + accepted + 1))
+
+    def _launch_from_device(self, kind: str, reqs, entries, limits, first) -> bool:
+        """Launch a chain starting from device tokens and positions (`first`) before the host
+        has read them, and hold it as the next iteration's (`_keep_early` decides)."""
         start = self._mark()
         sampling = _chain_sampling(reqs)
         tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
-                                   first=(nxt, firsts + accepted + 1), sampling=sampling)
+                                   first=first, sampling=sampling)
         if tokens is None:
             return False
         self.chains["ahead"] += 1
         self.chains["early"] += 1
-        self._ahead = self._new_chain("draft", None, limits, tokens, start, reqs, sampling)
+        self._ahead = self._new_chain(kind, None, limits, tokens, start, reqs, sampling)
         self._ahead.early = True
         return True
 
@@ -587,18 +592,8 @@ class EngineCore:
         entries = [BatchEntry(r.request_id, [0], s, logits="all") for r, s in zip(reqs, starts)]
         last = to_device([n - 1 for n in chain.limits], torch.long, self.device)
         ids = chain.tokens.gather(0, last[None])[0]
-        start = self._mark()
-        sampling = _chain_sampling(reqs)
-        tokens = self.runner.chain(entries, self.allocator, max(limits), limits, to_host=False,
-                                   first=(ids, to_device(starts, torch.long, self.device)),
-                                   sampling=sampling)
-        if tokens is None:
-            return False
-        self.chains["ahead"] += 1
-        self.chains["early"] += 1
-        self._ahead = self._new_chain("decode", None, limits, tokens, start, reqs, sampling)
-        self._ahead.early = True
-        return True
+        return self._launch_from_device("decode", reqs, entries, limits,
+                                        (ids, to_device(starts, torch.long, self.device)))
 
     def _draft(self, reqs):
         """Drafts (lists by request id), draft distributions of sampled drafts, and for drafts
