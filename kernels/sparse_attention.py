@@ -280,6 +280,9 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
     if num_stages is None:
         num_stages = 2 if dim <= 64 else 4
+    # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
+    # and offset are then arithmetic by a known constant, not a runtime integer division
+    # (bench/NOTES.md, version 33).
     _sparse_attention_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_ml,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,

@@ -589,6 +589,9 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
+    # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
+    # and offset are then arithmetic by a known constant, not a runtime integer division
+    # (bench/NOTES.md, version 33).
     _verify_attention_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
         block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
