@@ -127,6 +127,7 @@ class RunStats:
     step_ms: dict         # the rate's steps' wall times: median, slowest, fastest
     gc: dict              # Python's garbage collections during the run (`GcPauses.summary`)
     page_adjacency: float | None = None   # at the first full-batch step (BlockAllocator.adjacency)
+    phase_steps: int = 0  # the rate's steps whose phase times are averaged (not one right after a warm-up)
 
 
 PHASES = ("draft_ms", "verify_ms", "select_ms")
@@ -152,7 +153,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     """Run every request of the workload to completion, forked from `parents` when given (see
     `prefill_parents`; requests the pool has no room to copy for prefill when they are admitted);
     the stable decode rate (see the module docstring) and the phase times per iteration, over the
-    same steps as the rate. `compiles`: a callable giving the number of Triton compiles so far
+    same steps as the rate but a step right after a warm-up step (its chain, launched ahead during
+    the warm-up, was timed across the capture or compile: model-card stream's draft_ms read 33 ms
+    in a 11 ms iteration in runs 28, 29 and 31). `compiles`: a callable giving the number of Triton compiles so far
     (`common.TritonCompiles`); a step that moves it is left out like a graph capture."""
     core = engine.core
     graphs = core.runner.graphs
@@ -163,6 +166,8 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     full_s = all_s = 0.0
     full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)
+    full_timed = all_timed = 0            # steps whose phase times are averaged
+    after_warmup = False
     chains_before = dict(core.chains)
     full_dts, all_dts = [], []
     adjacency, probed, skip_next = None, False, False
@@ -190,13 +195,19 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
             if ((graphs is not None and graphs.captures != captured)
                     or (compiles is not None and compiles() != compiled)):
                 warmup_steps += 1                           # it captured or compiled: not the rate
+                after_warmup = True
                 continue
+            # The step after a capture or compile counts for the rate (it paid neither) but not for
+            # the phase times: its chain was launched, and its start marked, before that warm-up.
+            timed, after_warmup = not after_warmup, False
             emitted = sum(len(e.new_token_ids) for e in events)
             decode_steps += 1
             all_dts.append(dt)
             all_s += dt
             all_tok += emitted
-            _add_phases(all_ph, core.phase_totals)
+            if timed:
+                _add_phases(all_ph, core.phase_totals)
+                all_timed += 1
             if running >= workload.batch and not probed:
                 # Page locality once (host work between steps: the next step is left out).
                 adjacency = core.allocator.adjacency([r.request_id for r in reqs if not r.finished])
@@ -206,7 +217,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
                 full_steps += 1
                 full_s += dt
                 full_tok += emitted
-                _add_phases(full_ph, core.phase_totals)
+                if timed:
+                    _add_phases(full_ph, core.phase_totals)
+                    full_timed += 1
     results = [engine.result(r) for r in reqs]
     for r in reqs:
         engine._trackers.pop(r.request_id, None)
@@ -218,14 +231,15 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
         width = max(len(r.per_position_accepted) for r in results)
         per_pos = [sum(r.per_position_accepted[j] for r in results if j < len(r.per_position_accepted)) / spec_iters
                    for j in range(width)]
-    ph, n = (full_ph, full_steps) if full_steps else (all_ph, decode_steps)
-    n = max(1, n)
+    ph, timed_n = (full_ph, full_timed) if full_steps else (all_ph, all_timed)
+    n, timed_n = max(1, full_steps if full_steps else decode_steps), max(1, timed_n)
     return RunStats(
         tokens_per_s=tok / sec if sec > 0 else 0.0, decode_s=all_s, full_steps=full_steps,
         decode_steps=decode_steps, warmup_steps=warmup_steps, generated_tokens=sum(r.generated_tokens for r in results),
         mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
-        per_position_acceptance=per_pos, draft_ms=ph["draft_ms"] / n, verify_ms=ph["verify_ms"] / n,
-        select_ms=ph["select_ms"] / n, iteration_ms=1e3 * sec / n,
+        per_position_acceptance=per_pos, draft_ms=ph["draft_ms"] / timed_n,
+        verify_ms=ph["verify_ms"] / timed_n, select_ms=ph["select_ms"] / timed_n,
+        iteration_ms=1e3 * sec / n, phase_steps=timed_n,
         outputs=[r.token_ids for r in results],
         chains={k: v - chains_before.get(k, 0) for k, v in core.chains.items()},
         step_ms=_spread(full_dts if full_steps else all_dts), gc=pauses.summary(),
@@ -372,7 +386,7 @@ def run(args, argv: list[str]) -> str:
                        select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
                        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
-                       graph_warmup_steps=stats.warmup_steps,
+                       graph_warmup_steps=stats.warmup_steps, phase_steps=stats.phase_steps,
                        generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
                        host_gc=stats.gc, page_adjacency=stats.page_adjacency)
             if sampling_name == "greedy" and base is not None:
