@@ -155,8 +155,9 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     the stable decode rate (see the module docstring) and the phase times per iteration, over the
     same steps as the rate but a step right after a warm-up step (its chain, launched ahead during
     the warm-up, was timed across the capture or compile: model-card stream's draft_ms read 33 ms
-    in a 11 ms iteration in runs 28, 29 and 31). `compiles`: a callable giving the number of Triton compiles so far
-    (`common.TritonCompiles`); a step that moves it is left out like a graph capture."""
+    in an 11 ms iteration in runs 28, 29 and 31). `compiles`: a callable giving the number of
+    Triton compiles so far (`common.TritonCompiles`); a step that moves it is left out like a
+    graph capture."""
     core = engine.core
     graphs = core.runner.graphs
     if parents is None:
@@ -231,15 +232,15 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
         width = max(len(r.per_position_accepted) for r in results)
         per_pos = [sum(r.per_position_accepted[j] for r in results if j < len(r.per_position_accepted)) / spec_iters
                    for j in range(width)]
-    ph, timed_n = (full_ph, full_timed) if full_steps else (all_ph, all_timed)
-    n, timed_n = max(1, full_steps if full_steps else decode_steps), max(1, timed_n)
+    ph, timed = (full_ph, full_timed) if full_steps else (all_ph, all_timed)
+    n, timed_n = max(1, full_steps if full_steps else decode_steps), max(1, timed)
     return RunStats(
         tokens_per_s=tok / sec if sec > 0 else 0.0, decode_s=all_s, full_steps=full_steps,
         decode_steps=decode_steps, warmup_steps=warmup_steps, generated_tokens=sum(r.generated_tokens for r in results),
         mean_acceptance_length=1 + accepted / spec_iters if spec_iters else None,
         per_position_acceptance=per_pos, draft_ms=ph["draft_ms"] / timed_n,
         verify_ms=ph["verify_ms"] / timed_n, select_ms=ph["select_ms"] / timed_n,
-        iteration_ms=1e3 * sec / n, phase_steps=timed_n,
+        iteration_ms=1e3 * sec / n, phase_steps=timed,
         outputs=[r.token_ids for r in results],
         chains={k: v - chains_before.get(k, 0) for k, v in core.chains.items()},
         step_ms=_spread(full_dts if full_steps else all_dts), gc=pauses.summary(),
