@@ -231,7 +231,7 @@ def test_steps_that_compile_a_kernel_are_left_out_of_the_rate(tiny_model):
     assert got.warmup_steps == base.warmup_steps + 1
     assert got.decode_steps == base.decode_steps - 1 and got.outputs == base.outputs
     # The step after it counts for the rate, not for the phase times.
-    assert got.draft_ms < 1e3 and 0 < got.phase_steps < base.phase_steps
+    assert got.draft_ms < 1e3 and got.phase_steps < base.phase_steps
 
     calls = []
     before = triton.knobs.runtime.jit_post_compile_hook
