@@ -562,7 +562,7 @@ class EngineCore:
             return None, False
         # The chain's tokens are copied out before the next chain (which rewrites the history)
         # is queued behind it; the host then waits for this copy alone.
-        host, done = to_host_async(chain.tokens.clone())
+        host, done = to_host_async(chain.tokens)
         ahead = self._launch_decode_ahead(reqs, chain)
         if done is not None:
             done.synchronize()

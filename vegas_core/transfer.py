@@ -24,9 +24,10 @@ def to_device(values, dtype: torch.dtype, device) -> torch.Tensor:
 def to_host_async(t: torch.Tensor):
     """A host copy of `t` and an event that completes with it (None on a CPU, where the copy is
     done on return). On a GPU the copy goes to pinned memory without blocking the host, so the
-    host can launch more work before it waits for the copy alone."""
+    host can launch more work before it waits for the copy alone. Either way it is a copy: work
+    launched after it may overwrite `t`."""
     if t.device.type != "cuda":
-        return t, None
+        return t.clone(), None
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
     done = torch.cuda.Event()
