@@ -34,8 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="rows per call (default: a 64-request draft step, and its verification at gamma 8)")
     p.add_argument("--vocab", type=int, default=49152, help="vocabulary (default: SmolLM2's 49,152)")
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
-    p.add_argument("--ways", type=int, nargs="+", default=[16],
-                   help="candidate keys per search pass, each a power of two (default: 16)")
+    p.add_argument("--ways", type=int, nargs="+", default=[4],
+                   help="candidate keys per search pass, each a power of two (default: 4, the "
+                        "kernel's own default, which the engine uses)")
     p.add_argument("--warps", type=int, nargs="+", default=[8], help="num_warps of the kernel (default: 8)")
     p.add_argument("--logit-scale", type=float, default=3.0,
                    help="random logits are N(0, 1) times this (default: 3)")
