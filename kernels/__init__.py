@@ -12,6 +12,11 @@ GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend
   expansion (`quest_positions`);
 - `fused`: the decoder layer's element-wise work in three launches (residual add + RMSNorm,
   rotary + K/V pool write, SiLU * up), for the GPU path's CUDA graphs;
+- `fused_linear`: a layer's projections with the RMSNorm as prologue and SiLU * up or the
+  residual add as epilogue (four launches for a layer's non-attention work), for decode and draft
+  steps;
+- `pdl`: programmatic dependent launch (Hopper) for the kernels above: each may start while the
+  previous one finishes and waits for its memory first;
 - `sampling`: a batch's temperature / top-k / top-p / min-p filter and the exponential race over
   each request's counter-based stream in one program per row, by threshold search (no sort);
 - `split_merge`: flash-decoding's split merge done by the last split to finish (arrival

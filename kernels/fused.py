@@ -40,6 +40,11 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     tl = None
     libdevice = None
 
+from .pdl import launch_options
+
+if triton is not None:
+    from .pdl import pdl_wait
+
 
 # -- references -----------------------------------------------------------------------------------
 
@@ -92,8 +97,10 @@ if triton is not None:
     @triton.jit
     def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, hidden_ptr, eps, D,
                              s_xt, s_xd, s_rt, s_rd, s_ot, s_od, s_ht, s_hd,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr):
+                             HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
+                             USE_PDL: tl.constexpr):
         """One program per row: the residual add, then RMSNorm with RMSNorm.forward's roundings."""
+        pdl_wait(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK_D)
         mask = offs < D
@@ -168,11 +175,12 @@ if triton is not None:
                            NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
                            HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
                            BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                           QK_NORM: tl.constexpr):
+                           QK_NORM: tl.constexpr, USE_PDL: tl.constexpr):
         """One program per token row: (norm and) rotate its q heads into q, its k heads into the
         pool, and copy its v heads to the pool. Halves are handled apart, which is what
         rotate_half pairs: out_lo = lo cos_lo - hi sin_lo, out_hi = hi cos_hi + lo sin_hi."""
         DT: tl.constexpr = qkv_ptr.dtype.element_ty
+        pdl_wait(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         row = qkv_ptr + t * s_xt
         j = tl.arange(0, BLOCK_HALF)
@@ -207,8 +215,9 @@ if triton is not None:
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, I, s_xt, s_xd, s_ot, s_od,
-                         BLOCK: tl.constexpr, INTERPRET: tl.constexpr):
+                         BLOCK: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
         """Program (row, block of columns): out = round(round(silu(gate)) * up)."""
+        pdl_wait(USE_PDL)
         t = tl.program_id(0).to(tl.int64)
         cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         mask = cols < I
@@ -254,7 +263,7 @@ def add_rms_norm(x, weight, eps: float, residual=None):
     _add_rms_norm_kernel[(rows,)](
         x, res, weight, out, hidden, float(eps), dim, *x.stride(), *res.stride(), *out.stride(),
         *hidden.stride(), HAS_RESIDUAL=residual is not None, BLOCK_D=block_d,
-        num_warps=_num_warps(block_d))
+        num_warps=_num_warps(block_d), **launch_options(x.device))
     return out, hidden
 
 
@@ -281,7 +290,7 @@ def rotary_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int,
         *k_cache.stride(), *v_cache.stride(), k_cache.shape[1],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
         BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=block_half,
-        QK_NORM=qk_norm, num_warps=_num_warps(2 * block_hq * block_half),
+        QK_NORM=qk_norm, num_warps=_num_warps(2 * block_hq * block_half), **launch_options(qkv.device),
         enable_fp_fusion=False)   # an FMA would skip the product's rounding torch does
     return q
 
@@ -297,5 +306,6 @@ def silu_mul(gate_up):
     block = min(1024, triton.next_power_of_2(inter))
     _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
         gate_up, out, inter, *gate_up.stride(), *out.stride(), BLOCK=block,
-        INTERPRET=_interpreting(), num_warps=_num_warps(block), enable_fp_fusion=False)
+        INTERPRET=_interpreting(), num_warps=_num_warps(block), enable_fp_fusion=False,
+        **launch_options(gate_up.device))
     return out

@@ -51,6 +51,11 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
 
+from .pdl import launch_options
+
+if triton is not None:
+    from .pdl import pdl_wait
+
 
 def sparse_attention_reference(q, k_cache, v_cache, block_tables, context_lens, indices,
                                index_counts, tail_start, scale: float):
@@ -128,12 +133,13 @@ if triton is not None:
             BLOCK_SIZE: tl.constexpr,
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
         (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
         is a runtime value so that batch-size-dependent choices do not recompile."""
+        pdl_wait(USE_PDL)
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         split = tl.program_id(2)
@@ -193,8 +199,9 @@ if triton is not None:
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_od, heads,
                              num_splits, SPLITS_PAD: tl.constexpr,
-                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+                             HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
         """One program = one (request, query head): combine the num_splits partial states."""
+        pdl_wait(USE_PDL)
         req = tl.program_id(0)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)
@@ -290,10 +297,10 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         SPLIT=num_splits > 1, PRECISION=precision, INTERPRET=_interpreting(),
-        num_warps=num_warps, num_stages=num_stages)
+        num_warps=num_warps, num_stages=num_stages, **launch_options(q.device))
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-            HEAD_DIM=dim, BLOCK_D=block_d)
+            HEAD_DIM=dim, BLOCK_D=block_d, **launch_options(q.device))
     return out

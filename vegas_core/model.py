@@ -5,7 +5,10 @@ dict fits with `load_state_dict(strict=True)`. Attention goes through a backend 
 Contract: `CausalLM.forward(input_ids [T], positions [T], pool, meta, logit_rows [R] | None,
 seq_lens [T] | None)` writes the new tokens' K/V into the pool and returns logits [R, vocab] float32
 for the requested rows (all rows when None). With `CausalLM.fused_ops` (the GPU path) the same maths
-runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits.
+runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits; and
+forwards of up to `fused_linear_rows` rows run their projections through `kernels/fused_linear.py`
+with the norms, SiLU * up and residual adds inside them (the same roundings around the products,
+whose own reduction order is Triton's, not cuBLAS's).
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels.fused import add_rms_norm, rotary_qkv, silu_mul
+from kernels.fused_linear import linear_add, norm_linear
 
 from .attention import AttentionMetadata
 from .config import ModelConfig
@@ -72,17 +76,22 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(t, -1))
 
     def forward_fused(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
-        """`forward` with one kernel for the rotary and the pool write; cos/sin [T, head_dim].
-        Qwen3's per-head q/k RMSNorm is fused into that kernel too (before the rotation, with
-        RMSNorm's roundings), so no layer falls back to the unfused path. The backend is told
-        (k = v = None) that the K/V are in the pool already."""
-        c = self.cfg
+        """`forward` with one kernel for the rotary and the pool write (`attend_fused`)."""
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        return self.o_proj(self.attend_fused(qkv, cos, sin, backend, pool, meta))
+
+    def attend_fused(self, qkv, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
+        """Attention from the projected qkv [T, (H + 2 KVH) d] to o [T, H d], before o_proj;
+        cos/sin [T, head_dim]. The rotary and the pool write are one kernel; Qwen3's per-head
+        q/k RMSNorm is fused into it too (before the rotation, with RMSNorm's roundings), so no
+        layer falls back to the unfused path. The backend is told (k = v = None) that the K/V are
+        in the pool already."""
+        c = self.cfg
         norms = (self.q_norm.weight, self.k_norm.weight) if c.qk_norm else (None, None)
         q = rotary_qkv(qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, pool.k[self.layer],
                        pool.v[self.layer], meta.slot_mapping, *norms, c.rms_norm_eps)
         o = backend.forward(self.layer, q, None, None, pool, meta)
-        return self.o_proj(o.reshape(x.shape[0], -1))
+        return o.reshape(qkv.shape[0], -1)
 
 
 class MLP(nn.Module):
@@ -135,6 +144,19 @@ class DecoderLayer(nn.Module):
         h, residual = add_rms_norm(attn, ln_post.weight, ln_post.eps, residual)
         return self.mlp.forward_fused(h), residual
 
+    def forward_fused_linear(self, hidden, cos, sin, backend, pool, meta):
+        """The layer in five launches besides attention (`kernels/fused_linear.py`): each
+        RMSNorm is its projection's prologue, SiLU * up the gate/up product's epilogue, and the
+        residual adds the epilogues of o_proj and down_proj, which update `hidden` (the stream)
+        in place. Returns `hidden`."""
+        ln_in, ln_post = self.input_layernorm, self.post_attention_layernorm
+        attn, mlp = self.self_attn, self.mlp
+        qkv = norm_linear(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight, attn.qkv_bias)
+        o = attn.attend_fused(qkv, cos, sin, backend, pool, meta)
+        linear_add(o, attn.o_proj.weight, hidden, attn.o_proj.bias)
+        act = norm_linear(hidden, ln_post.weight, ln_post.eps, mlp.gate_up_weight, silu_mul=True)
+        return linear_add(act, mlp.down_proj.weight, hidden)
+
 
 class Backbone(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -155,6 +177,15 @@ class CausalLM(nn.Module):
         # The GPU path (set by the model runner there): Triton kernels fuse the residual adds into
         # the RMSNorms, rotary + pool write, and SiLU * up; same maths, far fewer launches.
         self.fused_ops: bool = False
+        # Within the fused path, forwards of up to this many rows (decode and draft steps of up to
+        # 128 requests) also run the projections in Triton with the norms, SiLU * up and residual
+        # adds fused into them: 10 % off a layer's projections at 64 rows in isolation, and with
+        # programmatic dependent launch (kernels/pdl.py) vegas +3.9 % end to end on the H200
+        # (bench/NOTES.md version 37). Longer ones (verification, prefill) keep cuBLAS's, faster
+        # there (at 576 rows the Triton products took 1.2-2x as long). Raising it to cover the
+        # verification makes a row's products the same whatever the batch: greedy output matched
+        # vanilla's more often, 1.6 % slower.
+        self.fused_linear_rows: int = 128
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
@@ -188,12 +219,21 @@ class CausalLM(nn.Module):
     def _forward_fused(self, x, cos, sin, pool, meta, logit_rows):
         """`forward`'s layers and final norm through `DecoderLayer.forward_fused`; the last
         residual add happens in the final norm, after the logit rows are picked (the add is
-        element-wise, so picking first gives the same rows)."""
+        element-wise, so picking first gives the same rows). Up to `fused_linear_rows` rows,
+        through `DecoderLayer.forward_fused_linear` instead (the stream then needs no last add;
+        the head stays cuBLAS's, faster than the Triton product for a 49K vocabulary)."""
+        norm = self.model.norm
+        if x.shape[0] <= self.fused_linear_rows:
+            hidden = x          # the embeddings, a new tensor: updated in place from here on
+            for layer in self.model.layers:
+                hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta)
+            if logit_rows is not None:
+                hidden = hidden[logit_rows]
+            return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0]).float()
         delta, residual = x, None
         for layer in self.model.layers:
             delta, residual = layer.forward_fused(delta, residual, cos, sin, self.backend, pool, meta)
         if logit_rows is not None:
             delta = delta[logit_rows]
             residual = None if residual is None else residual[logit_rows]
-        norm = self.model.norm
         return self.lm_head(add_rms_norm(delta, norm.weight, norm.eps, residual)[0]).float()

@@ -81,6 +81,12 @@ class ModelRunner:
             self.page_bounds = PageBounds(self.pool)
             self.model.backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds)
             self.model.fused_ops = True          # fused norms, rotary + pool write, SiLU * up
+            # Programmatic dependent launch for the Triton kernels of a step (kernels/pdl.py; a
+            # process-wide switch, read at launch and so at graph capture): with the fused
+            # projections it took vegas 28,926 -> 30,056 tokens/s on the H200
+            # (bench/results/e2e-2026-12-02-h200-run32-ab-*.json; bench/NOTES.md version 37).
+            import kernels.pdl
+            kernels.pdl.ENABLED = True
         else:
             self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
         self.graphs = self._graph_runner(graphs, max_batch)

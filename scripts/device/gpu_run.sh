@@ -3,12 +3,20 @@
 # call can run several: `bash scripts/device/gpu_run.sh tests smoke kernels`, later `... e2e`.
 #   tests    the fused kernels and the CUDA-graph path compiled (real capture) against references
 #   smoke    e2e long-input, vanilla and vegas only, greedy, 96 tokens: do graphs run, how fast
+#   linear   the fused projections against the cuBLAS path, with the launch-configuration sweep;
+#            the result is also kept at /root/linear-best.json (E2E_ARGS="--linear-configs ...")
+#   linearab the same without the sweep: the engine's configurations, and the layer with PDL
+#   ab       e2e greedy vanilla / stream / vegas once per variant: cuBLAS projections with and
+#            without programmatic dependent launch, the fused ones for decode and draft steps, and
+#            for every forward of up to 4,096 rows (verification too)
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table)
 #   sampling the batched sampler, PyTorch (sort) vs the Triton threshold search, at 64 and 576 rows
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method, which e2e uses; at the e2e's
 #            256 tokens (TUNE_TOKENS): 128-token runs ranked settings differently from the e2e
+#   ftests   the fused layer kernels, the fused projections (PDL included), sparse attention and
+#            the CUDA-graph path, compiled
 #   ktests   the attention kernels' tests compiled on the GPU (the fused split merge under real
 #            concurrency)
 #   merge    the fused split merge vs the merge kernel and register caps (--merge-tune), with that
@@ -37,8 +45,10 @@ E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload lo
      --out "$OUT/results")
 for stage in "$@"; do
   case $stage in
-    tests) TAIL=30 step tests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
-             tests/kernels/test_sampling.py tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
+    tests) TAIL=30 step tests 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
+             tests/kernels/test_fused_linear.py tests/kernels/test_sparse_attention.py tests/kernels/test_sampling.py tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
+    ftests) TAIL=12 step ftests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
+             tests/kernels/test_fused_linear.py tests/kernels/test_sparse_attention.py tests/vegas_core/test_graphs.py ;;
     ktests) TAIL=6 step ktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_verify_attention.py \
              tests/kernels/test_sparse_attention.py ;;
     merge) mkdir -p "$OUT/results/merge"; TAIL=14 step merge 240 python3 -m vegas_core.bench kernels \
@@ -47,6 +57,17 @@ for stage in "$@"; do
              --batch 64 --context 8192 --sweep-rows 8 --no-tune --order-tune --out "$OUT/results/order" ;;
     layout) mkdir -p "$OUT/results/layout"; TAIL=60 step layout 300 python3 -m vegas_core.bench kernels \
              --batch 64 --context 8192 --sweep-rows 8 --no-tune --layout-sweep --out "$OUT/results/layout" ;;
+    linear) mkdir -p "$OUT/results/linear"; TAIL=30 step linear 400 python3 -m vegas_core.bench linear \
+             --sweep --out "$OUT/results/linear"; cp "$OUT"/results/linear/linear-*.json /root/linear-best.json ;;
+    linearab) mkdir -p "$OUT/results/linear"; TAIL=20 step linearab 200 python3 -m vegas_core.bench linear \
+             --ops qkv o_proj gate_up down_proj --out "$OUT/results/linear" ;;
+    ab) variants=("cublas --fused-linear-rows 0 --no-pdl" "cublas-pdl --fused-linear-rows 0"
+                  "fused-pdl --fused-linear-rows 128" "allfused-pdl --fused-linear-rows 4096")
+        for v in "${variants[@]}"; do
+          set -- $v; name=$1; shift
+          mkdir -p "$OUT/results/ab-$name"; TAIL=12 step "ab-$name" 240 "${E2E[@]}" --methods vanilla stream vegas \
+            --sampling greedy --out "$OUT/results/ab-$name" ${E2E_ARGS:-} "$@"
+        done ;;
     select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --out "$OUT/results/smoke" ;;

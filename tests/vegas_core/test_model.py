@@ -99,13 +99,20 @@ def test_smollm2_gguf_matches_transformers(default_model):
     _compare(runner, hf, c.vocab_size, block_size=16)
 
 
-@pytest.mark.parametrize("attention", ["reference", "triton"])
-@pytest.mark.parametrize("case", ["llama", "qwen3"])
-def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention):
+FUSED_CASES = [(case, attention, linear) for case in ("llama", "qwen3")
+               for attention in ("reference", "triton") for linear in ("cublas", "fused-linear")]
+FUSED_CASES += [("qwen2", "reference", "fused-linear"), ("llama-bias", "reference", "fused-linear")]
+
+
+@pytest.mark.parametrize("case, attention, linear", FUSED_CASES)
+def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, linear):
     """`CausalLM.fused_ops` (the Triton kernels of kernels/fused.py, here under the interpreter:
     residual adds inside the RMSNorms, q/k norm + rotary + pool write in one kernel, SiLU * up)
     gives the unfused path's logits and KV pool within 1e-5 in fp32: prefill, then decode steps
-    through the paged cache, with either attention backend reading the K/V the kernel wrote."""
+    through the paged cache, with either attention backend reading the K/V the kernel wrote.
+    "fused-linear" runs every forward through kernels/fused_linear.py (norms, SiLU * up and the
+    residual adds inside the projections, qkv and o_proj biases included: Qwen2's, Llama's);
+    "cublas" none (`fused_linear_rows` 0, prefill's path)."""
     arch, overrides = CASES[case]
     path, _ = make_tiny_hf_model(tmp_path / case, arch, **overrides)
     loaded = load_model(path)
@@ -118,6 +125,7 @@ def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention):
         runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
                              num_blocks=32, block_size=4, attention=attention)
         runner.model.fused_ops = fused
+        runner.model.fused_linear_rows = 1 << 20 if linear == "fused-linear" else 0
         results[fused] = (*_ours(runner, prompts, steps, block_size=4), runner.pool)
     (pre, dec, pool), (pre_f, dec_f, pool_f) = results[False], results[True]
     for i in range(len(prompts)):

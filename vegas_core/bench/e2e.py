@@ -55,6 +55,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuned", default=None, help="tune result file (default: the latest for this model and device)")
     p.add_argument("--gamma", type=int, default=6, help="gamma without a tuned setting (default: 6)")
     p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
+    p.add_argument("--linear-configs", default=None,
+                   help="a `bench linear --sweep` result: run the fused projections with its best "
+                        "launch configurations (default: kernels.fused_linear.CONFIGS)")
+    p.add_argument("--fused-linear-rows", type=int, default=None,
+                   help="forwards of up to this many rows run kernels/fused_linear.py's projections, "
+                        "longer ones cuBLAS's (0: none; default: the model's own, "
+                        "CausalLM.fused_linear_rows)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="launch the Triton kernels without programmatic dependent launch "
+                        "(kernels/pdl.py; on by default on Hopper and later)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -306,6 +316,17 @@ def _add_phases(acc: dict, totals: dict) -> None:
         acc[key] += totals[key]
 
 
+def _pdl(device) -> bool:
+    import kernels.pdl
+    return kernels.pdl.active(device)
+
+
+def _linear_configs() -> dict:
+    from kernels.fused_linear import CONFIGS, DEFAULT_CONFIG
+    return {"default": list(DEFAULT_CONFIG), **{f"{n}x{k}{' silu' if silu else ''}": list(c)
+                                                for (n, k, silu), c in CONFIGS.items()}}
+
+
 # -- tuned settings ------------------------------------------------------------------------------
 def find_tuned(path: str | None, out_dir: str, model_name: str, device) -> tuple[dict, str | None]:
     """{"method/granularity": {"gamma", "sparsity"}} from a tune result, and its path."""
@@ -348,7 +369,15 @@ def run(args, argv: list[str]) -> str:
     from ..loader import load_model
     loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
     workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
+    if args.linear_configs:
+        from kernels.fused_linear import load_configs
+        load_configs(args.linear_configs)
     engine = engine_for(args, workload, loaded)
+    if args.no_pdl:     # after the engine: its model runner switches PDL on
+        import kernels.pdl
+        kernels.pdl.ENABLED = False
+    if args.fused_linear_rows is not None:
+        engine.core.runner.model.fused_linear_rows = args.fused_linear_rows
     parents = prefill_parents(engine, workload)
     tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
     dtype = str(engine.dtype).replace("torch.", "")
@@ -399,6 +428,8 @@ def run(args, argv: list[str]) -> str:
                 "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
                 dtype=dtype, attention=engine.core.runner.attention, tuned_from=tuned_path,
                 cuda_graphs=engine.core.runner.graphs is not None,
+                fused_linear_rows=engine.core.runner.model.fused_linear_rows if engine.core.runner.model.fused_ops else 0,
+                linear_configs=_linear_configs(), pdl=_pdl(engine.device),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "

@@ -324,3 +324,24 @@ def test_sampling_bench_needs_a_gpu_and_says_so(capsys):
     CPU the command ends with one error line and exit status 2, writing nothing."""
     assert main(["sampling", "--device", "cpu", "--out", "/nonexistent"]) == 2
     assert capsys.readouterr().err.startswith("error: the sampling benchmark needs a CUDA GPU")
+
+
+def test_linear_bench_needs_a_gpu_and_says_so(capsys):
+    """The fused projections' timing is GPU work (their CPU check is
+    tests/kernels/test_fused_linear.py): on a CPU, one error line and exit status 2."""
+    assert main(["linear", "--device", "cpu", "--out", "/nonexistent"]) == 2
+    assert capsys.readouterr().err.startswith("error: the linear benchmark needs a CUDA GPU")
+
+
+def test_linear_bench_grid_is_what_the_kernel_takes():
+    """Every configuration the sweep may pick runs (under the interpreter) and gives the
+    reference's numbers, so pasting the sweep's choice into CONFIGS cannot break the engine."""
+    from kernels.fused_linear import norm_linear, norm_linear_reference
+    from vegas_core.bench.linear import _configs
+    g = torch.Generator().manual_seed(0)
+    x, w, nw = torch.randn(3, 72, generator=g), torch.randn(40, 72, generator=g), torch.randn(72, generator=g)
+    configs = list(_configs(8192))
+    assert any(c[1] == 128 for c in configs) and not any(c[1] == 128 for c in _configs(960))
+    for config in configs[::7]:
+        torch.testing.assert_close(norm_linear(x, nw, 1e-6, w, config=config),
+                                   norm_linear_reference(x, nw, 1e-6, w), atol=1e-5, rtol=1e-5)
