@@ -31,16 +31,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # Triton is optional: the CPU engine path only needs the references.
-    import triton
-    import triton.language as tl
-    from triton.language.extra import libdevice
-except ImportError:  # pragma: no cover - exercised only where Triton is absent
-    triton = None
-    tl = None
-    libdevice = None
-
-from .fused import _rms_norm_reference, silu_mul_reference
+# Triton is optional (the CPU engine path only needs the references): fused.py's import of it.
+from .fused import _need_triton, _rms_norm_reference, libdevice, silu_mul_reference, tl, triton
 from .pdl import launch_options
 
 if triton is not None:
@@ -167,11 +159,6 @@ if triton is not None:
             out = (out.to(tl.float32) + tl.load(res, mask=mask, other=0.0).to(tl.float32)).to(DT)
         tl.store(out_ptr + rows[:, None].to(tl.int64) * s_om + cols[None, :] * s_on, out,
                  mask=mask)
-
-
-def _need_triton(name: str) -> None:
-    if triton is None:
-        raise RuntimeError(f"{name} needs Triton; use {name}_reference")
 
 
 def _launch(x, norm_weight, eps, weight, bias, residual, out, n_out, silu_mul, config):
