@@ -10,6 +10,29 @@ import textwrap
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest
+import torch
+
+
+@pytest.fixture
+def one_thread():
+    """For tests of many tiny ops: on a busy 2-core machine, waking a second intra-op thread costs
+    more than it saves. Restores the count afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _threads_unchanged():
+    """A test that changes torch's intra-op thread count and leaves it changed makes every later
+    test run, and round, differently (float32 reduction order depends on the thread count): fail it."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch's thread count at {after} (was {before}); use the one_thread fixture")
 
 
 @pytest.fixture(scope="session")

@@ -77,15 +77,6 @@ def test_seeded_runs_repeat_exactly():
     assert run(5) == run(5) and run(5) != run(6)
 
 
-@pytest.fixture
-def one_thread():
-    """100k tiny calls: intra-op threads only add wake-up cost (large on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_emitted_tokens_follow_target_not_draft(one_thread):
     vocab, k, n_max = 8, 2, 100_000
     g = torch.Generator().manual_seed(0)

@@ -24,16 +24,8 @@ def tiny_model(tmp_path_factory):
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tiny model's ops are microseconds of work: on a busy 2-core machine, waiting for a second
-    OpenMP thread costs more than it saves."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# The tiny model's ops are microseconds of work: one intra-op thread (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _load(out_dir, kind: str) -> dict:

@@ -30,8 +30,7 @@ def _noise_bound(p: torch.Tensor, n: int) -> float:
 
 
 @pytest.mark.parametrize("method", ["vegas", "stream"])
-def test_sampled_tokens_follow_the_target(tiny_engine, method):
-    torch.set_num_threads(1)
+def test_sampled_tokens_follow_the_target(tiny_engine, method, one_thread):
     core = tiny_engine.core
     prompt = torch.randint(0, 256, (48,), generator=torch.Generator().manual_seed(1)).tolist()
     parent = core.add_request(prompt, SamplingParams(max_tokens=1), SpecParams(method="vanilla"))
