@@ -84,6 +84,11 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 
 GRANULARITIES = ("layer", "kv-head")
 
+# Whether select_layers scores and selects in one launch where the rows fit
+# (kernels/select_fused.py). Off until measured on the GPU against the two launches
+# (`bench e2e --fused-select`, the device stage `ab2`; bench/NOTES.md, version 38).
+FUSED_SELECT = False
+
 
 def _groups(granularity: str, heads: int, kv_heads: int) -> tuple[int, int]:
     """(G, query heads per group)."""
@@ -597,18 +602,28 @@ def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page
 
 
 def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, kv_heads: int,
-                  granularity: str, n_keys: int | None = None):
+                  granularity: str, n_keys: int | None = None, fused: bool | None = None):
     """A whole model step's selection. ``collected`` is ``(logits [L, R, H, W], lse [L, R, H])``
     (`LogitCollector.stacked`), or a list of one ``(logits [R, H, W], lse [R, H])`` pair per
     layer; only positions below ``n_keys`` (default W; at least ``max(bases)``) are scored.
     Returns int32 ``[L, B, G, k_max]``, per (layer, request, group) the top ``budgets[b]``
     positions ascending (padding 0). One scoring launch and one top-k for every layer, so the
-    per-call cost is paid once per step, not once per layer."""
+    per-call cost is paid once per step, not once per layer.
+
+    ``fused``: score and select in one launch (`kernels.select_fused`, rows of up to its
+    ``MAX_KEYS`` positions, the same positions); None (the engine's) takes it whenever the rows
+    fit and ``FUSED_SELECT`` is on, False forces the two launches below, True insists."""
     if isinstance(collected, list):
         collected = (torch.stack([lg for lg, _ in collected]), torch.stack([ls for _, ls in collected]))
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
+    from kernels import select_fused
+    if fused is None:
+        fused = FUSED_SELECT and logits.shape[-1] <= select_fused.MAX_KEYS
+    if fused:
+        return select_fused.select_fused(logits, lse, row_start, row_count, bases, budgets, k_max,
+                                         kv_heads, granularity)
     # Top-k by a radix select over int32 score bits, ties to the lower position: a greedy 135M
     # model loops, its repeated keys give exactly equal scores, and ties sent torch.topk's radix
     # select into a path 10x slower (20 ms a step for SpecExtend,

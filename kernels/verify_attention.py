@@ -32,12 +32,14 @@ from typing import NamedTuple
 
 import torch
 
+from .pdl import launch_options
 from .split_merge import arrival_counters
 
 try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton
     import triton.language as tl
 
+    from .pdl import pdl_wait
     from .split_merge import last_to_arrive, merge_partials
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
@@ -45,6 +47,10 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 
 COLLECT_MODES = ("none", "c2q", "all")
 MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
+# Programmatic dependent launch (kernels/pdl.py) for the kernel and its merge, when kernels.pdl is
+# on too. Off until measured on the GPU (`bench e2e --verify-pdl`, the device stage `ab2`;
+# bench/NOTES.md, version 38).
+USE_PDL = False
 
 
 class LaunchConfig(NamedTuple):
@@ -301,7 +307,8 @@ if triton is not None:
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-            UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+            UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+            USE_PDL: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -312,6 +319,7 @@ if triton is not None:
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
         `_merge_splits_kernel` does, launched after."""
+        pdl_wait(USE_PDL)
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
@@ -448,11 +456,12 @@ if triton is not None:
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads, num_splits,
                              s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
                              HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+                             BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
         """One program per query row: `_merge_rows` over its heads, the same arithmetic in the
         same order as the fused merge, so the two give the same bits (and a collecting call, whose
         path may merge the other way, the same output as one that does not collect). Empty splits
         carry max -1e30 and weigh exp(-huge) = 0."""
+        pdl_wait(USE_PDL)
         t = tl.program_id(0)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
@@ -467,7 +476,12 @@ def _interpreting() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _sm_count() -> int:
-    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 8
+    """The GPU's SMs; without one (the CPU, Triton's interpreter) 1: the interpreter runs programs
+    one after another, so splitting buys nothing there and each extra program costs milliseconds
+    of Python (8 here took the CPU suite's engine tests about 1.5x longer). Batches of fewer than
+    eight (request, KV head) programs still split, so the CPU engine tests keep reaching the split
+    path; tests/kernels/test_verify_attention.py sets its split counts explicitly."""
+    return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1
 
 
 def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | None = None,
@@ -589,6 +603,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
+    pdl = launch_options(q.device) if USE_PDL else {"USE_PDL": False}
     # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
     # and offset are then arithmetic by a known constant, not a runtime integer division
     # (bench/NOTES.md, version 33).
@@ -601,9 +616,9 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
         FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
         INTERPRET=_interpreting(),
-        num_warps=num_warps, num_stages=num_stages, **extra)
+        num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
             part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),
             *lse.stride(), HEAD_DIM=dim, BLOCK_H=max(2, triton.next_power_of_2(heads)),
-            BLOCK_D=block_d, INTERPRET=_interpreting())
+            BLOCK_D=block_d, INTERPRET=_interpreting(), **pdl)

@@ -10,6 +10,12 @@
 #            without programmatic dependent launch, the fused ones for decode and draft steps, and
 #            for every forward of up to 4,096 rows (verification too)
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
+#   selk     the kernel table at batch 64 x 8K only (selection: two launches against one)
+#   stests   selection (one launch and two), verification attention (with PDL), the fused
+#            projections and the CUDA-graph path, compiled
+#   ab2      e2e greedy: the engine as it is, then with the one-launch selection, then with PDL
+#            on verify_attention too, then both (vanilla / stream / vegas; specextend where
+#            selection moves)
 #   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table)
 #   sampling the batched sampler, PyTorch (sort) vs the Triton threshold search, at 64 and 576 rows
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
@@ -67,6 +73,18 @@ for stage in "$@"; do
           set -- $v; name=$1; shift
           mkdir -p "$OUT/results/ab-$name"; TAIL=12 step "ab-$name" 240 "${E2E[@]}" --methods vanilla stream vegas \
             --sampling greedy --out "$OUT/results/ab-$name" ${E2E_ARGS:-} "$@"
+        done ;;
+    stests) TAIL=12 step stests 420 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select_fused.py \
+             tests/kernels/test_select.py tests/kernels/test_verify_attention.py tests/kernels/test_fused_linear.py \
+             tests/vegas_core/test_graphs.py ;;
+    selk) mkdir -p "$OUT/results/selk"; TAIL=24 step selk 240 python3 -m vegas_core.bench kernels --batch 64 \
+            --context 8192 --sweep-rows 8 --no-tune --out "$OUT/results/selk" ;;
+    ab2) variants=("base:vanilla stream specextend vegas" "fused-select:vanilla stream specextend vegas:--fused-select"
+                   "verify-pdl:vanilla stream vegas:--verify-pdl" "both:vanilla stream specextend vegas:--fused-select --verify-pdl")
+        for v in "${variants[@]}"; do
+          IFS=: read -r name methods flags <<< "$v"
+          mkdir -p "$OUT/results/ab-$name"; TAIL=12 step "ab-$name" 240 "${E2E[@]}" --methods $methods \
+            --sampling greedy --out "$OUT/results/ab-$name" ${E2E_ARGS:-} $flags
         done ;;
     select) TAIL=6 step select 120 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select.py ;;
     smoke) mkdir -p "$OUT/results/smoke"; TAIL=16 step smoke 200 "${E2E[@]}" --methods vanilla vegas \

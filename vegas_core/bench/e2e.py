@@ -65,6 +65,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(kernels/pdl.py; on by default on Hopper and later)")
+    p.add_argument("--verify-pdl", action="store_true",
+                   help="launch verify_attention and its merge with programmatic dependent launch "
+                        "too (kernels.verify_attention.USE_PDL; off by default until measured)")
+    p.add_argument("--fused-select", action="store_true",
+                   help="score and select Vegas / SpecExtend positions in one launch where rows fit "
+                        "(kernels/select_fused.py; off by default until measured)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -378,6 +384,10 @@ def run(args, argv: list[str]) -> str:
         kernels.pdl.ENABLED = False
     if args.fused_linear_rows is not None:
         engine.core.runner.model.fused_linear_rows = args.fused_linear_rows
+    import kernels.select
+    import kernels.verify_attention
+    kernels.select.FUSED_SELECT = args.fused_select
+    kernels.verify_attention.USE_PDL = args.verify_pdl
     parents = prefill_parents(engine, workload)
     tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
     dtype = str(engine.dtype).replace("torch.", "")
@@ -430,6 +440,8 @@ def run(args, argv: list[str]) -> str:
                 cuda_graphs=engine.core.runner.graphs is not None,
                 fused_linear_rows=engine.core.runner.model.fused_linear_rows if engine.core.runner.model.fused_ops else 0,
                 linear_configs=_linear_configs(), pdl=_pdl(engine.device),
+                fused_select=kernels.select.FUSED_SELECT and bool(engine.core.runner.kernels),
+                verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "

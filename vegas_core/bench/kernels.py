@@ -20,7 +20,8 @@ Records:
   `q_rows` entries; bytes = the gathered entries;
 - selection: one whole model step (all layers): softmax re-materialisation + mean
   (`selection_scores`, one launch for every layer) and one top-k over c2q logits held in one
-  [layers, rows, heads, context] buffer, as the engine runs it;
+  [layers, rows, heads, context] buffer; `us_fused*` both in one launch
+  (`kernels/select_fused.py`, the engine's where rows fit) at 4, 8 and 16 warps;
 - quest_page_scores: one layer, one draft step.
 """
 from __future__ import annotations
@@ -283,6 +284,7 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     """One model step's selection (every layer) from c2q logits, as the engine runs it
     (`kernels.select.select_layers`: one scoring launch and one radix top-k launch for all
     layers); `us_torch_topk` is the torch.topk path it replaced, timed beside it."""
+    from kernels import select_fused
     from kernels.select import _topk_sorted, select_layers, selection_scores
     heads, kvh, dim, layers = SHAPES[shape]
     rows = 2 * batch
@@ -299,8 +301,22 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     k = math.ceil(0.07 * (context - q_rows))
     budgets = torch.full((batch,), k, dtype=torch.int32, device=device)
     per_gran = {gran: _bench(lambda: select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran,
-                                                   n_keys=context - q_rows))
+                                                   n_keys=context - q_rows, fused=False))
                 for gran in ("layer", "kv-head")}
+    # Scoring and selecting in one launch (the engine's where rows fit), at three warp counts;
+    # each checked against the two-launch path's positions first.
+    fused_us = {}
+    if context - q_rows <= select_fused.MAX_KEYS:
+        for gran in ("layer", "kv-head"):
+            want = select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran,
+                                 n_keys=context - q_rows, fused=False)
+            for warps in (4, 8, 16):
+                run = lambda: select_fused.select_fused(logits[..., :context - q_rows], lse, row_start,  # noqa: E731
+                                                        row_count, bases, budgets, k, kvh, gran,
+                                                        num_warps=warps)
+                if not torch.equal(run(), want):
+                    raise RuntimeError(f"select_fused ({gran}, {warps} warps) chose other positions")
+                fused_us[f"{gran}/{warps}"] = _bench(run)
 
     def torch_topk(gran):   # the path select_layers had before radix_topk, for the A/B
         keys = selection_scores(logits[..., :context - q_rows], lse, row_start, row_count, bases,
@@ -314,6 +330,8 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
                 kv_heads=kvh, head_dim=dim, layers=layers, collect="c2q", budget=k,
                 us=per_gran["layer"], us_kv_head=per_gran["kv-head"],
                 us_torch_topk=torch_us["layer"], us_kv_head_torch_topk=torch_us["kv-head"],
+                us_fused=fused_us.get(f"layer/{select_fused.NUM_WARPS}"),
+                us_kv_head_fused=fused_us.get(f"kv-head/{select_fused.NUM_WARPS}"), us_fused_by_warps=fused_us,
                 read_TBps=logit_bytes / (per_gran["layer"] * 1e-6) / 1e12, copy_TBps=copy_tbps)
 
 
@@ -633,3 +651,8 @@ def _print(records, copy_tbps, device) -> None:
     rows = [[r["shape"], r["q_rows"], r["collect"], r["us"], r["collect_overhead"]] for r in sweep]
     common.print_table("collection overhead vs rows (Figure 6)", ["shape", "rows", "collect", "us", "overhead"],
                        rows)
+    for r in records:
+        if r["kernel"] == "selection" and r.get("us_fused_by_warps"):
+            fused = ", ".join(f"{k} {v:.1f}" for k, v in r["us_fused_by_warps"].items())
+            print(f"selection {r['shape']} {r['batch']}x{r['context']}: two launches {r['us']:.1f} us "
+                  f"(kv-head {r['us_kv_head']:.1f}); one launch (granularity/warps) {fused} us")

@@ -82,7 +82,7 @@ def _inputs(rows, weight, silu, add, device):
     return x, residual
 
 
-def _check(name, x, weight, norm, silu, add, residual) -> float:
+def _check(x, weight, norm, silu, add, residual) -> float:
     """Largest |fused - old| of one call (bf16 products: another reduction order)."""
     if add:
         old = residual + torch.nn.functional.linear(x, weight)
@@ -121,7 +121,7 @@ def run(args, argv: list[str]) -> str:
                    "config": list(engine_config),
                    "cublas_us": _bench(lambda: _old(x, weight, norm, silu, add, residual)),
                    "fused_us": _bench(lambda: _new(x, weight, norm, silu, add, residual)),
-                   "max_abs_diff": _check(name, x, weight, norm, silu, add, residual),
+                   "max_abs_diff": _check(x, weight, norm, silu, add, residual),
                    "weight_MB": weight.numel() * 2 / 1e6}
             rec["speedup"] = rec["cublas_us"] / rec["fused_us"]
             records.append(rec)
