@@ -152,6 +152,32 @@ if triton is not None:
             m = m_new
         return m, s
 
+    @triton.jit
+    def _row_scores(r0, r_end, nr, offs_n, n_valid, grp, logits_ptr, lse_ptr, s_lr, s_lh, s_ln,
+                    s_er, s_eh, PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
+                    INTERPRET: tl.constexpr):
+        """The log mean weight at each of the BLOCK_N positions over rows [r0, r_end) (nr of
+        them) x the group's heads, -inf where invalid: an online log-sum-exp (as flash attention
+        folds keys) with running max m (finite floor, so an all -inf position stays NaN-free) and
+        sum s of exp(x - m). Shared by `_selection_scores_kernel` and select_fused's kernel, so
+        both give the same bits."""
+        m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
+        s = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if INTERPRET:
+            # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
+            # (see verify_attention); a while loop evaluates the same.
+            r = r0
+            while r < r_end:
+                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
+                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
+                r += 1
+        else:
+            for r in range(r0, r_end):
+                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
+                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
+        score = m + tl.log(s) - tl.log((nr * PER_GROUP).to(tl.float32))
+        return tl.where(n_valid & (s > 0), score, float("-inf"))
+
     # Sizes and output strides change with every step's longest prefix: not specialised on, or an
     # eager step would recompile the kernel whenever one turns divisible by 16.
     @triton.jit(do_not_specialize=["batch", "s_ol", "s_ob", "s_og", "n_keys"])
@@ -179,25 +205,8 @@ if triton is not None:
         n_valid = (offs_n < base) & (offs_n < n_keys)
         # A tile wholly at or past the base reads nothing: its rows loop is empty.
         r_end = tl.where(tile * BLOCK_N < base, r0 + nr, r0)
-        # Online log-sum-exp over rows x heads (as flash attention folds keys): running max m
-        # (finite floor, so an all -inf position stays NaN-free) and sum s of exp(x - m).
-        m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
-        s = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if INTERPRET:
-            # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
-            # (see verify_attention); a while loop evaluates the same.
-            r = r0
-            while r < r_end:
-                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
-                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
-                r += 1
-        else:
-            for r in range(r0, r_end):
-                m, s = _fold_rows(r, m, s, offs_n, n_valid, grp, logits_ptr, lse_ptr,
-                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
-
-        score = m + tl.log(s) - tl.log((nr * PER_GROUP).to(tl.float32))
-        score = tl.where(n_valid & (s > 0), score, float("-inf"))
+        score = _row_scores(r0, r_end, nr, offs_n, n_valid, grp, logits_ptr, lse_ptr,
+                            s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP, BLOCK_N, INTERPRET)
         dst = (out_ptr + layer.to(tl.int64) * s_ol + req.to(tl.int64) * s_ob + grp * s_og
                + offs_n.to(tl.int64) * s_on)
         if PACK != 0:

@@ -5,7 +5,7 @@ there (`select_fused`), instead of `selection_scores` writing int32 keys to memo
 1,024-key chunks). Rows of up to ``MAX_KEYS`` positions (the scores live in one register tile);
 `kernels.select.select_layers` uses it for those and the two-launch path above that.
 
-Same answer, bit for bit, as the two-launch path: the scores are `_fold_rows`' per-position
+Same answer, bit for bit, as the two-launch path: the scores are `_row_scores`' per-position
 float32 maths unchanged (no reduction crosses positions), and the choice is the same radix select
 (larger scores first, ties to the lower position), so `tests/kernels/test_select_fused.py` asserts
 equality, not a tolerance.
@@ -20,7 +20,7 @@ try:  # Triton is optional: the CPU engine path only needs the references.
     import triton
     import triton.language as tl
 
-    from kernels.select import _fold_rows
+    from kernels.select import _row_scores
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -56,10 +56,10 @@ if triton is not None:
             logits_ptr, lse_ptr, start_ptr, count_ptr, bases_ptr, budget_ptr, out_ptr,
             batch, n, k_max, s_ll, s_lr, s_lh, s_ln, s_el, s_er, s_eh, s_or, s_og, s_ok,
             PER_GROUP: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
-        """One program = one (layer, request) x one group: scores of positions [0, n) as
-        `_selection_scores_kernel` computes them, made order-preserving unsigned keys, a radix
-        select of the budget-th largest in four histogram passes over the registers, then the
-        chosen positions written ascending and 0 up to k_max."""
+        """One program = one (layer, request) x one group: scores of positions [0, n)
+        (`_row_scores`, as `_selection_scores_kernel`), made order-preserving unsigned keys, a
+        radix select of the budget-th largest in four histogram passes over the registers, then
+        the chosen positions written ascending and 0 up to k_max."""
         layer = tl.program_id(0) // batch
         req = tl.program_id(0) % batch
         grp = tl.program_id(1)
@@ -74,20 +74,8 @@ if triton is not None:
         valid = offs < n
         n_valid = (offs < base) & valid
         r_end = tl.where(base > 0, r0 + nr, r0)
-        m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
-        s = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if INTERPRET:   # while loops: see verify_attention on range() bounds in the interpreter
-            r = r0
-            while r < r_end:
-                m, s = _fold_rows(r, m, s, offs, n_valid, grp, logits_ptr, lse_ptr,
-                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
-                r += 1
-        else:
-            for r in range(r0, r_end):
-                m, s = _fold_rows(r, m, s, offs, n_valid, grp, logits_ptr, lse_ptr,
-                                  s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP)
-        score = m + tl.log(s) - tl.log((nr * PER_GROUP).to(tl.float32))
-        score = tl.where(n_valid & (s > 0), score, float("-inf"))
+        score = _row_scores(r0, r_end, nr, offs, n_valid, grp, logits_ptr, lse_ptr,
+                            s_lr, s_lh, s_ln, s_er, s_eh, PER_GROUP, BLOCK_N, INTERPRET)
         # Order-preserving int32 bits (as packed="bits"), then the sign bit flipped: unsigned order.
         bits = score.to(tl.int32, bitcast=True)
         key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
