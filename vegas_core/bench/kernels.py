@@ -21,7 +21,8 @@ Records:
 - selection: one whole model step (all layers): softmax re-materialisation + mean
   (`selection_scores`, one launch for every layer) and one top-k over c2q logits held in one
   [layers, rows, heads, context] buffer; `us_fused*` both in one launch
-  (`kernels/select_fused.py`, the engine's where rows fit) at 4, 8 and 16 warps;
+  (`kernels/select_fused.py`, the engine's with `--fused-select` where rows fit) at 4, 8
+  and 16 warps;
 - quest_page_scores: one layer, one draft step.
 """
 from __future__ import annotations
@@ -303,7 +304,7 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     per_gran = {gran: _bench(lambda: select_layers(collected, row_start, row_count, bases, budgets, k, kvh, gran,
                                                    n_keys=context - q_rows, fused=False))
                 for gran in ("layer", "kv-head")}
-    # Scoring and selecting in one launch (the engine's where rows fit), at three warp counts;
+    # Scoring and selecting in one launch (the engine's with FUSED_SELECT, where rows fit), at three warp counts;
     # each checked against the two-launch path's positions first.
     fused_us = {}
     if context - q_rows <= select_fused.MAX_KEYS:
