@@ -128,90 +128,104 @@ if triton is not None:
     @triton.jit
     def _head_rms_norm(lo, hi, w_ptr, j, j_mask, eps, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
                        DT: tl.constexpr):
-        """RMSNorm of each head (row) given as its two halves, with RMSNorm.forward's roundings."""
+        """RMSNorm of each head, given as its two halves [rows, heads, half], with
+        RMSNorm.forward's roundings."""
         lf, hf = lo.to(tl.float32), hi.to(tl.float32)
-        ms = (tl.sum(lf * lf, axis=1) + tl.sum(hf * hf, axis=1)) / HEAD_DIM
-        inv_rms = tl.rsqrt(ms + eps)[:, None]
-        w_lo = tl.load(w_ptr + j, mask=j_mask, other=0.0).to(tl.float32)[None, :]
-        w_hi = tl.load(w_ptr + HALF + j, mask=j_mask, other=0.0).to(tl.float32)[None, :]
+        ms = (tl.sum(lf * lf, axis=2) + tl.sum(hf * hf, axis=2)) / HEAD_DIM
+        inv_rms = tl.rsqrt(ms + eps)[:, :, None]
+        w_lo = tl.load(w_ptr + j, mask=j_mask, other=0.0).to(tl.float32)[None, None, :]
+        w_hi = tl.load(w_ptr + HALF + j, mask=j_mask, other=0.0).to(tl.float32)[None, None, :]
         lo = (w_lo * (lf * inv_rms).to(DT).to(tl.float32)).to(DT)
         hi = (w_hi * (hf * inv_rms).to(DT).to(tl.float32)).to(DT)
         return lo, hi
 
     @triton.jit
-    def _load_row_halves(row_ptr, s_d, j, j_mask, HALF: tl.constexpr):
-        """A [d] row (cos or sin) as float32 [1, BLOCK_HALF] first and second halves."""
-        lo = tl.load(row_ptr + j * s_d, mask=j_mask, other=0.0).to(tl.float32)
-        hi = tl.load(row_ptr + (j + HALF) * s_d, mask=j_mask, other=0.0).to(tl.float32)
-        return lo[None, :], hi[None, :]
+    def _load_row_halves(ptr, t, t_mask, s_t, s_d, j, j_mask, HALF: tl.constexpr):
+        """Rows t of a [T, d] table (cos or sin) as float32 [rows, 1, BLOCK_HALF] halves."""
+        rows = ptr + t[:, None] * s_t
+        mask = t_mask[:, None] & j_mask[None, :]
+        lo = tl.load(rows + j[None, :] * s_d, mask=mask, other=0.0).to(tl.float32)
+        hi = tl.load(rows + (j[None, :] + HALF) * s_d, mask=mask, other=0.0).to(tl.float32)
+        return lo[:, None, :], hi[:, None, :]
 
     @triton.jit
-    def _load_heads(row_ptr, col0, heads, s_xd, HEAD_DIM: tl.constexpr, HALF: tl.constexpr,
-                    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-        """Heads [col0 / d, col0 / d + heads) of one qkv row as (first halves, second halves)."""
-        h = tl.arange(0, BLOCK_H)
-        j = tl.arange(0, BLOCK_HALF)
-        mask = (h < heads)[:, None] & (j < HALF)[None, :]
-        cols = col0 + h[:, None] * HEAD_DIM + j[None, :]
-        lo = tl.load(row_ptr + cols * s_xd, mask=mask, other=0.0)
-        hi = tl.load(row_ptr + (cols + HALF) * s_xd, mask=mask, other=0.0)
+    def _head_offsets(heads, t_mask, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+                      BLOCK_HALF: tl.constexpr):
+        """Head and column indices [1, BLOCK_H, 1], [1, 1, BLOCK_HALF] and the [rows, heads, half]
+        mask of the real rows, heads and columns."""
+        h = tl.arange(0, BLOCK_H)[None, :, None]
+        j = tl.arange(0, BLOCK_HALF)[None, None, :]
+        return h, j, t_mask[:, None, None] & (h < heads) & (j < HALF)
+
+    @triton.jit
+    def _load_heads(rows_ptr, t_mask, col0, heads, s_xd, HEAD_DIM: tl.constexpr,
+                    HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
+        """Heads [col0 / d, col0 / d + heads) of qkv rows ([rows, 1, 1] pointers) as
+        (first halves, second halves), each [rows, BLOCK_H, BLOCK_HALF]."""
+        h, j, mask = _head_offsets(heads, t_mask, HALF, BLOCK_H, BLOCK_HALF)
+        cols = col0 + h * HEAD_DIM + j
+        lo = tl.load(rows_ptr + cols * s_xd, mask=mask, other=0.0)
+        hi = tl.load(rows_ptr + (cols + HALF) * s_xd, mask=mask, other=0.0)
         return lo, hi
 
     @triton.jit
-    def _store_heads(base_ptr, lo, hi, heads, s_h, s_d, HALF: tl.constexpr,
+    def _store_heads(base_ptr, t_mask, lo, hi, heads, s_h, s_d, HALF: tl.constexpr,
                      BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):
-        h = tl.arange(0, BLOCK_H)
-        j = tl.arange(0, BLOCK_HALF)
-        mask = (h < heads)[:, None] & (j < HALF)[None, :]
-        dst = base_ptr + h[:, None] * s_h + j[None, :] * s_d
+        """Store [rows, heads, half] halves at per-row bases ([rows, 1, 1] pointers)."""
+        h, j, mask = _head_offsets(heads, t_mask, HALF, BLOCK_H, BLOCK_HALF)
+        dst = base_ptr + h * s_h + j * s_d
         tl.store(dst, lo.to(base_ptr.dtype.element_ty), mask=mask)
         tl.store(dst + HALF * s_d, hi.to(base_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
     def _rotary_qkv_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, slots_ptr,
-                           qw_ptr, kw_ptr, eps,
+                           qw_ptr, kw_ptr, eps, T,
                            s_xt, s_xd, s_ct, s_cd, s_st, s_sd, s_qt, s_qh,
                            s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, block_size,
                            NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
-                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HQ: tl.constexpr,
-                           BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                           QK_NORM: tl.constexpr, USE_PDL: tl.constexpr):
-        """One program per token row: (norm and) rotate its q heads into q, its k heads into the
-        pool, and copy its v heads to the pool. Halves are handled apart, which is what
-        rotate_half pairs: out_lo = lo cos_lo - hi sin_lo, out_hi = hi cos_hi + lo sin_hi."""
+                           HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                           BLOCK_HALF: tl.constexpr, QK_NORM: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+        """One program per BLOCK_T token rows (1 on a GPU; more under the interpreter, whose cost
+        is per operation, not per element): (norm and) rotate their q heads into q, their k heads
+        into the pool, and copy their v heads to the pool. Halves are handled apart, which is
+        what rotate_half pairs: out_lo = lo cos_lo - hi sin_lo, out_hi = hi cos_hi + lo sin_hi."""
         DT: tl.constexpr = qkv_ptr.dtype.element_ty
         pdl_wait(USE_PDL)
-        t = tl.program_id(0).to(tl.int64)
-        row = qkv_ptr + t * s_xt
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_mask = t < T
+        rows = (qkv_ptr + t * s_xt)[:, None, None]
         j = tl.arange(0, BLOCK_HALF)
         j_mask = j < HALF
-        cos_lo, cos_hi = _load_row_halves(cos_ptr + t * s_ct, s_cd, j, j_mask, HALF)
-        sin_lo, sin_hi = _load_row_halves(sin_ptr + t * s_st, s_sd, j, j_mask, HALF)
+        cos_lo, cos_hi = _load_row_halves(cos_ptr, t, t_mask, s_ct, s_cd, j, j_mask, HALF)
+        sin_lo, sin_hi = _load_row_halves(sin_ptr, t, t_mask, s_st, s_sd, j, j_mask, HALF)
 
-        lo, hi = _load_heads(row, 0, NUM_HEADS, s_xd, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF)
+        lo, hi = _load_heads(rows, t_mask, 0, NUM_HEADS, s_xd, HEAD_DIM, HALF, BLOCK_HQ, BLOCK_HALF)
         if QK_NORM:
             lo, hi = _head_rms_norm(lo, hi, qw_ptr, j, j_mask, eps, HEAD_DIM, HALF, DT)
         # rotate_half's -x[d/2:]; `* -1.0` flips the sign of zeros too (Triton's unary minus is
         # 0 - x, which is +0 for +0), so even the signs of zero results are torch's.
         q_lo = _rotate_rounded(lo, hi.to(tl.float32) * -1.0, cos_lo, sin_lo, DT)
         q_hi = _rotate_rounded(hi, lo, cos_hi, sin_hi, DT)
-        _store_heads(q_ptr + t * s_qt, q_lo, q_hi, NUM_HEADS, s_qh, 1, HALF, BLOCK_HQ, BLOCK_HALF)
+        _store_heads((q_ptr + t * s_qt)[:, None, None], t_mask, q_lo, q_hi, NUM_HEADS, s_qh, 1,
+                     HALF, BLOCK_HQ, BLOCK_HALF)
 
-        slot = tl.load(slots_ptr + t).to(tl.int64)
+        slot = tl.load(slots_ptr + t, mask=t_mask, other=0).to(tl.int64)
         page, offset = slot // block_size, slot % block_size
-        lo, hi = _load_heads(row, NUM_HEADS * HEAD_DIM, NUM_KV_HEADS, s_xd, HEAD_DIM, HALF,
-                             BLOCK_HK, BLOCK_HALF)
+        lo, hi = _load_heads(rows, t_mask, NUM_HEADS * HEAD_DIM, NUM_KV_HEADS, s_xd, HEAD_DIM,
+                             HALF, BLOCK_HK, BLOCK_HALF)
         if QK_NORM:
             lo, hi = _head_rms_norm(lo, hi, kw_ptr, j, j_mask, eps, HEAD_DIM, HALF, DT)
         k_lo = _rotate_rounded(lo, hi.to(tl.float32) * -1.0, cos_lo, sin_lo, DT)
         k_hi = _rotate_rounded(hi, lo, cos_hi, sin_hi, DT)
-        _store_heads(k_ptr + page * s_kb + offset * s_kt, k_lo, k_hi, NUM_KV_HEADS, s_kh, s_kd,
-                     HALF, BLOCK_HK, BLOCK_HALF)
+        _store_heads((k_ptr + page * s_kb + offset * s_kt)[:, None, None], t_mask, k_lo, k_hi,
+                     NUM_KV_HEADS, s_kh, s_kd, HALF, BLOCK_HK, BLOCK_HALF)
 
-        lo, hi = _load_heads(row, (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM, NUM_KV_HEADS, s_xd,
-                             HEAD_DIM, HALF, BLOCK_HK, BLOCK_HALF)
-        _store_heads(v_ptr + page * s_vb + offset * s_vt, lo, hi, NUM_KV_HEADS, s_vh, s_vd,
-                     HALF, BLOCK_HK, BLOCK_HALF)
+        lo, hi = _load_heads(rows, t_mask, (NUM_HEADS + NUM_KV_HEADS) * HEAD_DIM, NUM_KV_HEADS,
+                             s_xd, HEAD_DIM, HALF, BLOCK_HK, BLOCK_HALF)
+        _store_heads((v_ptr + page * s_vb + offset * s_vt)[:, None, None], t_mask, lo, hi,
+                     NUM_KV_HEADS, s_vh, s_vd, HALF, BLOCK_HK, BLOCK_HALF)
 
     @triton.jit
     def _silu_mul_kernel(x_ptr, out_ptr, I, s_xt, s_xd, s_ot, s_od,
@@ -232,6 +246,11 @@ if triton is not None:
         silu = tl.div_rn(g, 1.0 + e).to(gate.dtype)                   # torch divides exactly
         out = silu.to(tl.float32) * up.to(tl.float32)
         tl.store(out_ptr + t * s_ot + cols * s_od, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Token rows per rotary_qkv program under the interpreter: it pays per operation, whatever the
+# tensor's size, so a block of rows costs about what one row does (on a GPU each program takes one).
+INTERPRET_ROWS = 32
 
 
 def _interpreting() -> bool:
@@ -284,12 +303,13 @@ def rotary_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int,
     block_hq = triton.next_power_of_2(num_heads)
     qk_norm = q_norm is not None
     qw, kw = (q_norm, k_norm) if qk_norm else (cos, cos)     # never read without the norm
-    _rotary_qkv_kernel[(rows,)](
-        qkv, cos, sin, q, k_cache, v_cache, slots, qw, kw, float(eps),
+    block_t = min(INTERPRET_ROWS, triton.next_power_of_2(rows)) if _interpreting() else 1
+    _rotary_qkv_kernel[(triton.cdiv(rows, block_t),)](
+        qkv, cos, sin, q, k_cache, v_cache, slots, qw, kw, float(eps), rows,
         *qkv.stride(), *cos.stride(), *sin.stride(), q.stride(0), q.stride(1),
         *k_cache.stride(), *v_cache.stride(), k_cache.shape[1],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
-        BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=block_half,
+        BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=block_half,
         QK_NORM=qk_norm, num_warps=_num_warps(2 * block_hq * block_half), **launch_options(qkv.device),
         enable_fp_fusion=False)   # an FMA would skip the product's rounding torch does
     return q

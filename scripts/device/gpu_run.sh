@@ -11,8 +11,8 @@
 #            for every forward of up to 4,096 rows (verification too)
 #   kernels  the kernel benchmark at the target shape (C2Q tile vs main-tile store, selection)
 #   selk     the kernel table at batch 64 x 8K only (selection: two launches against one)
-#   stests   selection (one launch and two), verification attention (with PDL), the fused
-#            projections and the CUDA-graph path, compiled
+#   stests   selection (one launch and two), the fused layer kernels, verification attention (with
+#            PDL), the fused projections and the CUDA-graph path, compiled
 #   ab2      e2e greedy: the engine as it is, then with the one-launch selection, then with PDL
 #            on verify_attention too, then both (vanilla / stream / vegas; specextend where
 #            selection moves)
@@ -75,7 +75,7 @@ for stage in "$@"; do
             --sampling greedy --out "$OUT/results/ab-$name" ${E2E_ARGS:-} "$@"
         done ;;
     stests) TAIL=12 step stests 420 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select_fused.py \
-             tests/kernels/test_select.py tests/kernels/test_verify_attention.py tests/kernels/test_fused_linear.py \
+             tests/kernels/test_select.py tests/kernels/test_fused.py tests/kernels/test_verify_attention.py tests/kernels/test_fused_linear.py \
              tests/vegas_core/test_graphs.py ;;
     selk) mkdir -p "$OUT/results/selk"; TAIL=24 step selk 240 python3 -m vegas_core.bench kernels --batch 64 \
             --context 8192 --sweep-rows 8 --no-tune --out "$OUT/results/selk" ;;
