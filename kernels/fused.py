@@ -95,15 +95,16 @@ def silu_mul_reference(gate_up):
 if triton is not None:
 
     @triton.jit
-    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, hidden_ptr, eps, D,
+    def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, hidden_ptr, eps, T, D,
                              s_xt, s_xd, s_rt, s_rd, s_ot, s_od, s_ht, s_hd,
-                             HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr,
-                             USE_PDL: tl.constexpr):
-        """One program per row: the residual add, then RMSNorm with RMSNorm.forward's roundings."""
+                             HAS_RESIDUAL: tl.constexpr, BLOCK_T: tl.constexpr,
+                             BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
+        """BLOCK_T rows per program (one on a GPU): the residual add, then RMSNorm with
+        RMSNorm.forward's roundings, each row reduced on its own."""
         pdl_wait(USE_PDL)
-        t = tl.program_id(0).to(tl.int64)
-        offs = tl.arange(0, BLOCK_D)
-        mask = offs < D
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+        offs = tl.arange(0, BLOCK_D)[None, :]
+        mask = (t < T) & (offs < D)
         x = tl.load(x_ptr + t * s_xt + offs * s_xd, mask=mask, other=0.0)
         if HAS_RESIDUAL:
             r = tl.load(res_ptr + t * s_rt + offs * s_rd, mask=mask, other=0.0)
@@ -112,9 +113,9 @@ if triton is not None:
         else:
             hidden = x
         hf = hidden.to(tl.float32)
-        inv_rms = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
+        inv_rms = tl.rsqrt(tl.sum(hf * hf, axis=1) / D + eps)[:, None]
         normalised = (hf * inv_rms).to(x.dtype)                  # cast back before the weight
-        w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+        w = tl.load(w_ptr + offs, mask=offs < D, other=0.0)
         out = w.to(tl.float32) * normalised.to(tl.float32)
         tl.store(out_ptr + t * s_ot + offs * s_od, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -248,13 +249,18 @@ if triton is not None:
         tl.store(out_ptr + t * s_ot + cols * s_od, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Token rows per rotary_qkv program under the interpreter: it pays per operation, whatever the
-# tensor's size, so a block of rows costs about what one row does (on a GPU each program takes one).
+# Token rows per rotary_qkv / add_rms_norm program under the interpreter: it pays per operation,
+# whatever the tensor's size, so a block of rows costs about what one row does (on a GPU each
+# program takes one).
 INTERPRET_ROWS = 32
 
 
 def _interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
+
+
+def _rows_per_program(rows: int) -> int:
+    return min(INTERPRET_ROWS, triton.next_power_of_2(rows)) if _interpreting() else 1
 
 
 def _num_warps(elements: int) -> int:
@@ -279,9 +285,11 @@ def add_rms_norm(x, weight, eps: float, residual=None):
         return out, hidden
     res = x if residual is None else residual          # never read without a residual
     block_d = triton.next_power_of_2(dim)
-    _add_rms_norm_kernel[(rows,)](
-        x, res, weight, out, hidden, float(eps), dim, *x.stride(), *res.stride(), *out.stride(),
-        *hidden.stride(), HAS_RESIDUAL=residual is not None, BLOCK_D=block_d,
+    block_t = _rows_per_program(rows)
+    _add_rms_norm_kernel[(triton.cdiv(rows, block_t),)](
+        x, res, weight, out, hidden, float(eps), rows, dim, *x.stride(), *res.stride(),
+        *out.stride(), *hidden.stride(), HAS_RESIDUAL=residual is not None, BLOCK_T=block_t,
+        BLOCK_D=block_d,
         num_warps=_num_warps(block_d), **launch_options(x.device))
     return out, hidden
 
@@ -303,7 +311,7 @@ def rotary_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int,
     block_hq = triton.next_power_of_2(num_heads)
     qk_norm = q_norm is not None
     qw, kw = (q_norm, k_norm) if qk_norm else (cos, cos)     # never read without the norm
-    block_t = min(INTERPRET_ROWS, triton.next_power_of_2(rows)) if _interpreting() else 1
+    block_t = _rows_per_program(rows)
     _rotary_qkv_kernel[(triton.cdiv(rows, block_t),)](
         qkv, cos, sin, q, k_cache, v_cache, slots, qw, kw, float(eps), rows,
         *qkv.stride(), *cos.stride(), *sin.stride(), q.stride(0), q.stride(1),
