@@ -303,6 +303,23 @@ def test_quest_positions_match_engine(idx, gran, positions):
     assert any(k >= base for base, k in zip(bases, budgets))
 
 
+def test_quest_positions_many_rows_match_reference():
+    """More (request, group) rows than one interpreter program takes (37 x 2 > 32): every block,
+    the partial last one included, ranks its own rows."""
+    g = torch.Generator().manual_seed(5)
+    batch, groups, p_max, ps = 37, 2, 10, 4
+    num_pages = torch.randint(0, p_max + 1, (batch,), generator=g)
+    scores = torch.randn(batch, groups, p_max, generator=g)       # -inf past num_pages, as scored
+    scores = scores.masked_fill(torch.arange(p_max) >= num_pages[:, None, None], float("-inf"))
+    scores = scores.to(DEVICE)
+    bases = num_pages * ps + torch.randint(0, ps, (batch,), generator=g)
+    budgets = torch.randint(1, p_max * ps, (batch,), generator=g)
+    args = (scores, _i32(num_pages.tolist()), _i32(bases.tolist()), _i32(budgets.tolist()), ps)
+    got, got_counts = quest_positions(*args)
+    want, want_counts = quest_positions_reference(*args)
+    assert torch.equal(got_counts, want_counts) and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("positions", QUEST_POSITIONS)
 def test_quest_no_complete_page_anywhere(positions):
     """Pmax == 0: no launch, only the partial tails; and nothing at all when every base is 0."""
