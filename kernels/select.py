@@ -82,11 +82,13 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
 
+from .sort import sort_rows
+
 GRANULARITIES = ("layer", "kv-head")
 
 # Whether select_layers scores and selects in one launch where the rows fit
-# (kernels/select_fused.py). Off until measured on the GPU against the two launches
-# (`bench e2e --fused-select`, the device stage `ab2`; bench/NOTES.md, version 38).
+# (kernels/select_fused.py). Off: measured slower on the H200 than the two launches (vegas's
+# selection 0.88 -> 2.58 ms an iteration; `bench e2e --fused-select`, bench/NOTES.md version 38).
 FUSED_SELECT = False
 
 
@@ -584,9 +586,9 @@ if triton is not None:
         # lower page) in the low half; one descending sort per row.
         bits = sc.to(tl.int32, bitcast=True)
         key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-        ranked = tl.sort((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), dim=1, descending=True)
+        ranked = sort_rows((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), descending=1)
         page = BLOCK_P - 1 - (ranked & 0xFFFFFFFF).to(tl.int32)         # page of rank i
-        chosen = tl.sort(tl.where(offs_p < n_sel[:, None], page, 2 * BLOCK_P), dim=1, descending=False)
+        chosen = sort_rows(tl.where(offs_p < n_sel[:, None], page, 2 * BLOCK_P))
         row = r.to(tl.int64) * BLOCK_P          # scratch is [batch, groups, BLOCK_P]
         tl.store(scratch_ptr + row[:, None] + offs_p, chosen, mask=r_ok[:, None])
         tl.debug_barrier()               # the chosen pages, read back by position below

@@ -13,6 +13,9 @@
 #   selk     the kernel table at batch 64 x 8K only (selection: two launches against one)
 #   stests   selection (one launch and two), the fused layer kernels, verification attention (with
 #            PDL), the fused projections and the CUDA-graph path, compiled
+#   qtests   the row sort, Quest and selection, the fused layer kernels and the CUDA-graph path,
+#            compiled (the kernels that take a block of rows per program under the interpreter)
+#   quest    e2e greedy vanilla and quest (quest_positions' sort moved: does it cost on the GPU)
 #   ab2      e2e greedy: the engine as it is, then with the one-launch selection, then with PDL
 #            on verify_attention too, then both (vanilla / stream / vegas; specextend where
 #            selection moves)
@@ -51,7 +54,7 @@ E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload lo
      --out "$OUT/results")
 for stage in "$@"; do
   case $stage in
-    tests) TAIL=30 step tests 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
+    tests) TAIL=30 step tests 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sort.py tests/kernels/test_fused.py \
              tests/kernels/test_fused_linear.py tests/kernels/test_sparse_attention.py tests/kernels/test_sampling.py tests/vegas_core/test_graphs.py tests/kernels/test_verify_attention.py tests/kernels/test_select.py ;;
     ftests) TAIL=12 step ftests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_fused.py \
              tests/kernels/test_fused_linear.py tests/kernels/test_sparse_attention.py tests/vegas_core/test_graphs.py ;;
@@ -77,6 +80,10 @@ for stage in "$@"; do
     stests) TAIL=12 step stests 420 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_select_fused.py \
              tests/kernels/test_select.py tests/kernels/test_fused.py tests/kernels/test_verify_attention.py tests/kernels/test_fused_linear.py \
              tests/vegas_core/test_graphs.py ;;
+    qtests) TAIL=12 step qtests 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sort.py \
+             tests/kernels/test_select.py tests/kernels/test_fused.py tests/vegas_core/test_graphs.py ;;
+    quest) mkdir -p "$OUT/results/quest"; TAIL=10 step quest 240 "${E2E[@]}" --methods vanilla quest \
+             --sampling greedy --out "$OUT/results/quest" ${E2E_ARGS:-} ;;
     selk) mkdir -p "$OUT/results/selk"; TAIL=24 step selk 240 python3 -m vegas_core.bench kernels --batch 64 \
             --context 8192 --sweep-rows 8 --no-tune --out "$OUT/results/selk" ;;
     ab2) variants=("base:vanilla stream specextend vegas" "fused-select:vanilla stream specextend vegas:--fused-select"
