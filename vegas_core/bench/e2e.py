@@ -67,10 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(kernels/pdl.py; on by default on Hopper and later)")
     p.add_argument("--verify-pdl", action="store_true",
                    help="launch verify_attention and its merge with programmatic dependent launch "
-                        "too (kernels.verify_attention.USE_PDL; off by default until measured)")
+                        "too (kernels.verify_attention.USE_PDL; off by default: within noise on the H200)")
     p.add_argument("--fused-select", action="store_true",
                    help="score and select Vegas / SpecExtend positions in one launch where rows fit "
-                        "(kernels/select_fused.py; off by default until measured)")
+                        "(kernels/select_fused.py; off by default: slower on the H200)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
