@@ -229,13 +229,14 @@ if triton is not None:
                      NUM_KV_HEADS, s_vh, s_vd, HALF, BLOCK_HK, BLOCK_HALF)
 
     @triton.jit
-    def _silu_mul_kernel(x_ptr, out_ptr, I, s_xt, s_xd, s_ot, s_od,
+    def _silu_mul_kernel(x_ptr, out_ptr, T, I, s_xt, s_xd, s_ot, s_od, BLOCK_T: tl.constexpr,
                          BLOCK: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
-        """Program (row, block of columns): out = round(round(silu(gate)) * up)."""
+        """Program (BLOCK_T rows, one on a GPU; a block of columns):
+        out = round(round(silu(gate)) * up)."""
         pdl_wait(USE_PDL)
-        t = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < I
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)[:, None]
+        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]
+        mask = (t < T) & (cols < I)
         row = x_ptr + t * s_xt
         gate = tl.load(row + cols * s_xd, mask=mask, other=0.0)
         up = tl.load(row + (cols + I) * s_xd, mask=mask, other=0.0)
@@ -249,7 +250,7 @@ if triton is not None:
         tl.store(out_ptr + t * s_ot + cols * s_od, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Token rows per rotary_qkv / add_rms_norm program under the interpreter: it pays per operation,
+# Token rows per rotary_qkv / add_rms_norm / silu_mul program under the interpreter: it pays per operation,
 # whatever the tensor's size, so a block of rows costs about what one row does (on a GPU each
 # program takes one).
 INTERPRET_ROWS = 32
@@ -332,8 +333,9 @@ def silu_mul(gate_up):
     if rows == 0 or inter == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
-        gate_up, out, inter, *gate_up.stride(), *out.stride(), BLOCK=block,
+    block_t = _rows_per_program(rows)
+    _silu_mul_kernel[(triton.cdiv(rows, block_t), triton.cdiv(inter, block))](
+        gate_up, out, rows, inter, *gate_up.stride(), *out.stride(), BLOCK_T=block_t, BLOCK=block,
         INTERPRET=_interpreting(), num_warps=_num_warps(block), enable_fp_fusion=False,
         **launch_options(gate_up.device))
     return out
