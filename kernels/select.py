@@ -586,9 +586,9 @@ if triton is not None:
         # lower page) in the low half; one descending sort per row.
         bits = sc.to(tl.int32, bitcast=True)
         key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
-        ranked = sort_rows((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), descending=1)
+        ranked = sort_rows((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), 1, INTERPRET)
         page = BLOCK_P - 1 - (ranked & 0xFFFFFFFF).to(tl.int32)         # page of rank i
-        chosen = sort_rows(tl.where(offs_p < n_sel[:, None], page, 2 * BLOCK_P))
+        chosen = sort_rows(tl.where(offs_p < n_sel[:, None], page, 2 * BLOCK_P), 0, INTERPRET)
         row = r.to(tl.int64) * BLOCK_P          # scratch is [batch, groups, BLOCK_P]
         tl.store(scratch_ptr + row[:, None] + offs_p, chosen, mask=r_ok[:, None])
         tl.debug_barrier()               # the chosen pages, read back by position below

@@ -7,6 +7,10 @@ combine function runs that function once per element in Python (a 16-key sort to
 512-key one seconds). Here the pair's minimum and maximum come from ``tl.min`` / ``tl.max``, which
 the interpreter runs as numpy calls; compiled, both are reductions over an axis of two.
 Equal keys are interchangeable (the kernels here sort packed, unique keys).
+
+Compiled (``INTERPRET=False``) it is ``tl.sort`` itself: the min/max network made Quest's page
+ranking slower on the H200 (quest 19,684 -> 17,903 tokens/s, drafting 8.30 -> 9.54 ms an
+iteration; bench/NOTES.md version 39), so only the interpreter takes it.
 """
 from __future__ import annotations
 
@@ -50,9 +54,12 @@ if triton is not None:
         return h
 
     @triton.jit
-    def sort_rows(x, descending: tl.constexpr = 0):
-        log_n: tl.constexpr = _log2(x.shape[len(x.shape) - 1])
-        h = tl.reshape(x, [2] * _log2(x.numel))
-        for i in tl.static_range(1, log_n + 1):
-            h = _bitonic_merge(h, i, 2 if i < log_n else descending)
-        return tl.reshape(h, x.shape)
+    def sort_rows(x, descending: tl.constexpr = 0, INTERPRET: tl.constexpr = True):
+        if INTERPRET:
+            log_n: tl.constexpr = _log2(x.shape[len(x.shape) - 1])
+            h = tl.reshape(x, [2] * _log2(x.numel))
+            for i in tl.static_range(1, log_n + 1):
+                h = _bitonic_merge(h, i, 2 if i < log_n else descending)
+            return tl.reshape(h, x.shape)
+        else:
+            return tl.sort(x, descending=descending)

@@ -1,5 +1,6 @@
 """`kernels.sort.sort_rows` sorts each row of a block exactly as torch.sort does (values only; equal
-keys are interchangeable), ascending and descending, for the dtypes the kernels sort."""
+keys are interchangeable), ascending and descending, for the dtypes the kernels sort: both its
+min/max network (the interpreter's) and tl.sort (the GPU's), whichever way the tests run."""
 import os
 
 import pytest
@@ -13,9 +14,10 @@ DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_a
 
 
 @triton.jit
-def _sort_kernel(x_ptr, out_ptr, R: tl.constexpr, N: tl.constexpr, DESCENDING: tl.constexpr):
+def _sort_kernel(x_ptr, out_ptr, R: tl.constexpr, N: tl.constexpr, DESCENDING: tl.constexpr,
+                 NETWORK: tl.constexpr):
     offs = tl.arange(0, R)[:, None] * N + tl.arange(0, N)[None, :]
-    tl.store(out_ptr + offs, sort_rows(tl.load(x_ptr + offs), DESCENDING))
+    tl.store(out_ptr + offs, sort_rows(tl.load(x_ptr + offs), DESCENDING, NETWORK))
 
 
 def _random(rows, n, dtype, seed):
@@ -36,12 +38,13 @@ def _random(rows, n, dtype, seed):
 @pytest.mark.parametrize("rows,n", [(1, 2), (1, 16), (4, 64), (2, 512)])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
 @pytest.mark.parametrize("descending", [False, True])
-def test_sort_rows_equals_torch_sort(rows, n, dtype, descending):
+@pytest.mark.parametrize("network", [True, False], ids=["min-max network", "tl.sort"])
+def test_sort_rows_equals_torch_sort(rows, n, dtype, descending, network):
     x = _random(rows, n, dtype, seed=rows * n).to(DEVICE)
     if torch.equal(torch.sort(x, dim=-1, descending=descending).values, x):
         x = x.flip(-1)                                     # a case with something to do
     out = torch.empty_like(x)
-    _sort_kernel[(1,)](x, out, R=rows, N=n, DESCENDING=int(descending))
+    _sort_kernel[(1,)](x, out, R=rows, N=n, DESCENDING=int(descending), NETWORK=network)
     want = torch.sort(x, dim=-1, descending=descending).values
     assert torch.equal(out, want)
     assert not torch.equal(out, x)                          # the input was not already sorted
