@@ -304,8 +304,8 @@ def test_quest_positions_match_engine(idx, gran, positions):
 
 
 def test_quest_positions_many_rows_match_reference():
-    """More (request, group) rows than one interpreter program takes (37 x 2 > 32): every block,
-    the partial last one included, ranks its own rows."""
+    """Many (request, group) rows, random page counts, bases and budgets: each program ranks its
+    own row's pages (not a neighbour's), against the reference."""
     g = torch.Generator().manual_seed(5)
     batch, groups, p_max, ps = 37, 2, 10, 4
     num_pages = torch.randint(0, p_max + 1, (batch,), generator=g)
