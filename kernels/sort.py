@@ -8,9 +8,9 @@ combine function runs that function once per element in Python (a 16-key sort to
 the interpreter runs as numpy calls; compiled, both are reductions over an axis of two.
 Equal keys are interchangeable (the kernels here sort packed, unique keys).
 
-Compiled (``INTERPRET=False``) it is ``tl.sort`` itself: the min/max network made Quest's page
-ranking slower on the H200 (quest 19,684 -> 17,903 tokens/s, drafting 8.30 -> 9.54 ms an
-iteration; bench/NOTES.md version 39), so only the interpreter takes it.
+Compiled (``INTERPRET=False``) it is ``tl.sort`` itself: on the H200 Quest fell from 19,684 to
+17,903 tokens/s with the network compiled into a row-blocked quest_positions (which of the two
+cost it is not measured; bench/NOTES.md version 39), so only the interpreter takes the network.
 """
 from __future__ import annotations
 
