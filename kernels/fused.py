@@ -250,9 +250,9 @@ if triton is not None:
         tl.store(out_ptr + t * s_ot + cols * s_od, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# Token rows per rotary_qkv / add_rms_norm / silu_mul program under the interpreter: it pays per operation,
-# whatever the tensor's size, so a block of rows costs about what one row does (on a GPU each
-# program takes one).
+# Token rows per rotary_qkv / add_rms_norm / silu_mul program under the interpreter: it pays per
+# operation, whatever the tensor's size, so a block of rows costs about what one row does (on a
+# GPU each program takes one).
 INTERPRET_ROWS = 32
 
 

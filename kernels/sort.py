@@ -1,5 +1,6 @@
-"""A bitonic sort of each row of a block, for use inside Triton kernels: ``sort_rows(x, descending)``
-sorts a ``[R, N]`` (or ``[N]``) tensor along its last axis, N and R powers of two, as ``tl.sort``.
+"""A sort of each row of a block, for use inside Triton kernels: ``sort_rows(x, descending,
+INTERPRET)`` sorts a ``[R, N]`` (or ``[N]``) tensor along its last axis, N and R powers of two, as
+``tl.sort``; the caller passes its ``INTERPRET`` constexpr (whether Triton's interpreter runs it).
 
 Why not ``tl.sort``: it is the same network, but each compare-and-swap finds an element's partner
 with ``xor_sum`` over a size-2 axis, and under ``TRITON_INTERPRET=1`` a reduction with a custom
@@ -54,7 +55,7 @@ if triton is not None:
         return h
 
     @triton.jit
-    def sort_rows(x, descending: tl.constexpr = 0, INTERPRET: tl.constexpr = True):
+    def sort_rows(x, descending: tl.constexpr, INTERPRET: tl.constexpr):
         if INTERPRET:
             log_n: tl.constexpr = _log2(x.shape[len(x.shape) - 1])
             h = tl.reshape(x, [2] * _log2(x.numel))
