@@ -2,7 +2,7 @@
 INTERPRET)`` sorts a ``[R, N]`` (or ``[N]``) tensor along its last axis, N and R powers of two, as
 ``tl.sort``; the caller passes its ``INTERPRET`` constexpr (whether Triton's interpreter runs it).
 
-Why not ``tl.sort``: it is the same network, but each compare-and-swap finds an element's partner
+Why not ``tl.sort`` under the interpreter: it is the same network, but each compare-and-swap finds an element's partner
 with ``xor_sum`` over a size-2 axis, and under ``TRITON_INTERPRET=1`` a reduction with a custom
 combine function runs that function once per element in Python (a 16-key sort took about 100 ms, a
 512-key one seconds). Here the pair's minimum and maximum come from ``tl.min`` / ``tl.max``, which

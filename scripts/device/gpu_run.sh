@@ -14,7 +14,7 @@
 #   stests   selection (one launch and two), the fused layer kernels, verification attention (with
 #            PDL), the fused projections and the CUDA-graph path, compiled
 #   qtests   the row sort, Quest and selection, the fused layer kernels and the CUDA-graph path,
-#            compiled (the kernels that take a block of rows per program under the interpreter)
+#            compiled (the kernels whose interpreter path differs: row blocks, the sort network)
 #   quest    e2e greedy vanilla and quest (quest_positions' sort moved: does it cost on the GPU)
 #   ab2      e2e greedy: the engine as it is, then with the one-launch selection, then with PDL
 #            on verify_attention too, then both (vanilla / stream / vegas; specextend where
