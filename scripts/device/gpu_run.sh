@@ -37,6 +37,9 @@
 #   smokeall every method, greedy, 64 tokens
 #   eager    the smoke run with --eager (what graphs buy, measured in the same session)
 #   sprofile the same profile of vegas at its tuned setting, model-card sampling against greedy
+#   gather   sparse_attention over random vs contiguous selections, splits 1-8, a dense kernel over
+#            a compacted copy and the compaction's cost (scripts/device/probe_sparse_gather.py)
+#   gprofile the profile of vegas at its tuned setting, greedy only
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -120,6 +123,10 @@ for stage in "$@"; do
                timeout 150 python3 scripts/device/profile_step.py $m 64 6000 "$@" > "$OUT/profile-$name.txt" 2>&1
                echo "rc=$? profile $run" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$name.txt" | tail -16
              done ;;
+    gather) TAIL=30 step gather 200 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_sparse_gather.py ;;
+    gprofile) timeout 150 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/profile_step.py vegas 64 6000 \
+                --gamma 8 --sparsity 0.05 > "$OUT/profile-vegas-greedy.txt" 2>&1
+              echo "rc=$? gprofile" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-vegas-greedy.txt" | tail -16 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
