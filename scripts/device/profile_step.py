@@ -86,6 +86,31 @@ def idle_report(trace_path: str, iterations: int) -> None:
           f"(busy {busy.mean():.1%}); idle charged to the host phase running then, per iteration:")
     for name, us in sorted(charge.items(), key=lambda kv: -kv[1]):
         print(f"  {name:34s} idle {us / iterations / 1e3:7.3f} ms   host {cpu.get(name, 0) / iterations / 1e3:7.3f} ms")
+    gap_report(gpu, labels, lo, hi, iterations)
+
+
+def gap_report(gpu, labels, lo, hi, iterations: int) -> None:
+    """The idle time as gaps between the GPU's busy intervals (kernels merged where they
+    overlap): many short gaps are launch latency between kernels (inside a graph too), a few long
+    ones are the GPU waiting for the host. Each long gap is named by the innermost host phase
+    running when it began."""
+    merged = []
+    for s, t in gpu:
+        if t <= lo or s >= hi:
+            continue
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], t)
+        else:
+            merged.append([s, t])
+    gaps = [(b[0] - a[1], a[1]) for a, b in zip(merged, merged[1:])]
+    bins = [(0, 2), (2, 5), (5, 20), (20, 100), (100, float("inf"))]
+    print(f"GPU gaps per iteration ({len(merged) / iterations:.0f} busy intervals an iteration):")
+    for a, b in bins:
+        sel = [g for g, _ in gaps if a <= g < b]
+        print(f"  {a:>4}-{b:<5} us  {len(sel) / iterations:7.1f} gaps  {sum(sel) / iterations / 1e3:7.3f} ms")
+    for g, at in sorted(gaps, reverse=True)[:12]:
+        inner = [n for s, t, n in labels if s <= at < t]
+        print(f"  gap {g:8.1f} us at +{(at - lo) / 1e3:8.3f} ms  host in {' > '.join(inner[-3:]) or '-'}")
 
 
 ap = argparse.ArgumentParser()
