@@ -19,6 +19,8 @@ GPU path through them (the CPU path keeps `vegas_core.attention.ReferenceBackend
   previous one finishes and waits for its memory first;
 - `sampling`: a batch's temperature / top-k / top-p / min-p filter and the exponential race over
   each request's counter-based stream in one program per row, by threshold search (no sort);
+- `argmax`: each row's first largest logit in two launches over the head's own dtype (a greedy
+  chain step's token, without a float32 copy of the logits);
 - `split_merge`: flash-decoding's split merge done by the last split to finish (arrival
   counters), and the merge arithmetic verify_attention's two merges share.
 

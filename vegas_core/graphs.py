@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
+from kernels.argmax import argmax_rows
 from kernels.select import quest_sizes
 from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 
@@ -491,7 +492,10 @@ class GraphRunner:
         if key.kind == "dense" and not key.chain:     # rows whose token is a chain's draft
             src = v["src"]
             ids = torch.where(src >= 0, self._hist.view(-1)[src.clamp(min=0)], ids)
-        logits = self.runner.model(ids, v["pos"], self.runner.pool, meta, None, v["seq_lens"])
+        # A greedy chain step takes only the argmax: the head's bf16 logits, not a float32 copy.
+        greedy_chain = key.chain and not key.sampled
+        logits = self.runner.model(ids, v["pos"], self.runner.pool, meta, None, v["seq_lens"],
+                                   float_logits=not greedy_chain)
         if key.chain:
             self._advance(key, v, logits)
         return logits
@@ -509,8 +513,8 @@ class GraphRunner:
                                      filtered=key.sampled == 2, kernel=self.runner.kernels)
             if key.kind != "dense":
                 self._qhist[:, :probs.shape[0]].index_copy_(0, step, probs[None])
-        else:
-            nxt = logits.argmax(dim=-1)
+        else:   # the first index of the largest logit either way (kernels/argmax.py)
+            nxt = argmax_rows(logits) if self.runner.kernels else logits.argmax(dim=-1)
         self._hist[:, :nxt.shape[0]].index_copy_(0, step, nxt[None])
         v["ids"].copy_(nxt)
         for name in ("pos", "seq_lens", "ctx64", "step"):

@@ -203,7 +203,13 @@ class CausalLM(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, pool: KVPool,
                 meta: AttentionMetadata, logit_rows: torch.Tensor | None = None,
-                seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+                seq_lens: torch.Tensor | None = None, float_logits: bool = True) -> torch.Tensor:
+        """Logits [rows, vocab]: float32, or with ``float_logits=False`` in the head's own dtype
+        (a greedy chain step takes only their argmax, which the cast cannot change)."""
+        logits = self._logits(input_ids, positions, pool, meta, logit_rows, seq_lens)
+        return logits.float() if float_logits else logits
+
+    def _logits(self, input_ids, positions, pool, meta, logit_rows, seq_lens) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(positions, seq_lens)
         x = self.model.embed_tokens(input_ids)
         # Shaped and cast once for all layers: [T, 1, head_dim] in the activation dtype.
@@ -214,7 +220,7 @@ class CausalLM(nn.Module):
             x = layer(x, cos, sin, self.backend, pool, meta)
         if logit_rows is not None:
             x = x[logit_rows]
-        return self.lm_head(self.model.norm(x)).float()
+        return self.lm_head(self.model.norm(x))
 
     def _forward_fused(self, x, cos, sin, pool, meta, logit_rows):
         """`forward`'s layers and final norm through `DecoderLayer.forward_fused`; the last
@@ -229,11 +235,11 @@ class CausalLM(nn.Module):
                 hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta)
             if logit_rows is not None:
                 hidden = hidden[logit_rows]
-            return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0]).float()
+            return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0])
         delta, residual = x, None
         for layer in self.model.layers:
             delta, residual = layer.forward_fused(delta, residual, cos, sin, self.backend, pool, meta)
         if logit_rows is not None:
             delta = delta[logit_rows]
             residual = None if residual is None else residual[logit_rows]
-        return self.lm_head(add_rms_norm(delta, norm.weight, norm.eps, residual)[0]).float()
+        return self.lm_head(add_rms_norm(delta, norm.weight, norm.eps, residual)[0])

@@ -1,0 +1,97 @@
+"""The argmax of each row of a batch's logits, in Triton beside a PyTorch reference with the same
+signature: a greedy chain step's token (a draft, or a plain decode step chained on the GPU).
+
+Why a kernel: at a decode batch of 64 rows and SmolLM2's 49,152-token vocabulary, the head's bf16
+logits were cast to float32 (a 9 us copy) and `torch.argmax` reduced them in 17 us, about 26 us of a
+1.2 ms draft step (`bench/results/logs/profile-2026-12-02-h200-vegas-g8-greedy-run28.txt`): torch
+gives each row one block, 64 blocks on 132 SMs. Here each row is cut into BLOCK-wide chunks (one
+program each) and a second launch reduces the chunks' winners, reading the logits once in their
+own dtype.
+
+Contract (both functions): ``x`` ``[R, V]`` floating point (float32, bfloat16 or float16),
+any row stride, unit column stride for the kernel. Returns int64 ``[R]``: for each row the index of
+its largest value, the first such index on ties, as ``torch.argmax`` (the values are compared in
+their own dtype, so casting bf16 logits to float32 first cannot change the answer). A row of all
+``-inf`` gives 0 (as torch). NaN is not supported (torch treats it as the largest value; logits
+here are never NaN).
+"""
+from __future__ import annotations
+
+import torch
+
+from .fused import _need_triton, tl, triton
+from .pdl import launch_options
+
+if triton is not None:
+    from .pdl import pdl_wait
+
+
+def argmax_rows_reference(x: torch.Tensor) -> torch.Tensor:
+    return torch.argmax(x, dim=-1)
+
+
+# Chunk width of the first launch: 4,096 values (8 KB of bf16) per program, 12 programs a row for a
+# 49K vocabulary (768 at batch 64). Under the interpreter a program costs the same whatever its
+# size, so the CPU tests take the same width and few programs.
+BLOCK = 4096
+
+
+if triton is not None:
+
+    @triton.jit
+    def _chunk_argmax_kernel(x_ptr, s_x, val_ptr, idx_ptr, V, chunks, BLOCK: tl.constexpr,
+                             USE_PDL: tl.constexpr):
+        """Program (row, chunk): the chunk's largest value (float32) and its first index."""
+        pdl_wait(USE_PDL)
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + row.to(tl.int64) * s_x + offs, mask=offs < V, other=float("-inf"))
+        x = x.to(tl.float32)                       # exact for bf16 / fp16: the order is kept
+        best = tl.max(x, axis=0)
+        # The first index holding the maximum (ties, and an all -inf chunk, take the lowest).
+        first = tl.min(tl.where(x == best, offs, V), axis=0)
+        tl.store(val_ptr + row * chunks + chunk, best)
+        tl.store(idx_ptr + row * chunks + chunk, first)
+
+    @triton.jit
+    def _row_argmax_kernel(val_ptr, idx_ptr, out_ptr, V, chunks, CHUNKS_PAD: tl.constexpr,
+                           USE_PDL: tl.constexpr):
+        """Program (row): the winner among the row's chunk winners; chunks are in index order, so
+        the first chunk holding the maximum holds its first index."""
+        pdl_wait(USE_PDL)
+        row = tl.program_id(0)
+        c = tl.arange(0, CHUNKS_PAD)
+        valid = c < chunks
+        vals = tl.load(val_ptr + row * chunks + c, mask=valid, other=float("-inf"))
+        idx = tl.load(idx_ptr + row * chunks + c, mask=valid, other=V)
+        best = tl.max(vals, axis=0)
+        first = tl.min(tl.where(valid & (vals == best), idx, V), axis=0)
+        # A row of all -inf: every chunk reports its own first index; the smallest is 0.
+        tl.store(out_ptr + row, first.to(tl.int64))
+
+
+def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """Triton version of ``argmax_rows_reference`` (see the module docstring). Allocates with
+    ``torch.empty`` and reads only shapes on the host: CUDA-graph safe."""
+    _need_triton("argmax_rows")
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"x must be a floating-point [R, V] tensor, got {x.dtype} {tuple(x.shape)}")
+    rows, vocab = x.shape
+    if vocab == 0:
+        raise ValueError("argmax of an empty row")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty(rows, dtype=torch.int64, device=x.device)
+    if rows == 0:
+        return out
+    block = min(block, triton.next_power_of_2(vocab))
+    chunks = triton.cdiv(vocab, block)
+    vals = torch.empty(rows, chunks, dtype=torch.float32, device=x.device)
+    idx = torch.empty(rows, chunks, dtype=torch.int32, device=x.device)
+    opts = launch_options(x.device)
+    _chunk_argmax_kernel[(rows, chunks)](x, x.stride(0), vals, idx, vocab, chunks, BLOCK=block,
+                                         num_warps=4, **opts)
+    _row_argmax_kernel[(rows,)](vals, idx, out, vocab, chunks,
+                                CHUNKS_PAD=max(2, triton.next_power_of_2(chunks)), num_warps=1, **opts)
+    return out
