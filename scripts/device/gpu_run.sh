@@ -39,6 +39,9 @@
 #   sprofile the same profile of vegas at its tuned setting, model-card sampling against greedy
 #   gather   sparse_attention over random vs contiguous selections, splits 1-8, a dense kernel over
 #            a compacted copy and the compaction's cost (scripts/device/probe_sparse_gather.py)
+#   atests   the row argmax and the CUDA-graph path, compiled
+#   argab    e2e greedy vanilla / stream / vegas with the chain's row-argmax kernel over bf16
+#            logits, then with graphs.py's two lines put back to a float32 copy and torch.argmax
 #   gprofile the profile of vegas at its tuned setting, greedy only
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
@@ -123,6 +126,21 @@ for stage in "$@"; do
                timeout 150 python3 scripts/device/profile_step.py $m 64 6000 "$@" > "$OUT/profile-$name.txt" 2>&1
                echo "rc=$? profile $run" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-$name.txt" | tail -16
              done ;;
+    atests) TAIL=8 step atests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_argmax.py \
+             tests/vegas_core/test_graphs.py ;;
+    argab) for v in kernel torch; do
+             if [ $v = torch ]; then
+               cp vegas_core/graphs.py /tmp/graphs.py.kept
+               sed -i -e 's/float_logits=not greedy_chain)/float_logits=True)/' \
+                 -e 's/nxt = argmax_rows(logits) if self.runner.kernels else logits.argmax(dim=-1)/nxt = logits.argmax(dim=-1)/' \
+                 vegas_core/graphs.py
+               [ "$(grep -c 'float_logits=True)\|nxt = logits.argmax(dim=-1)$' vegas_core/graphs.py)" = 2 ] \
+                 || { echo "argab: the sed did not apply"; break; }
+             fi
+             mkdir -p "$OUT/results/argab-$v"; TAIL=8 step "argab-$v" 240 "${E2E[@]}" --methods vanilla stream vegas \
+               --sampling greedy --out "$OUT/results/argab-$v" ${E2E_ARGS:-}
+           done
+           [ -f /tmp/graphs.py.kept ] && cp /tmp/graphs.py.kept vegas_core/graphs.py ;;
     gather) TAIL=30 step gather 200 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_sparse_gather.py ;;
     gprofile) timeout 150 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/profile_step.py vegas 64 6000 \
                 --gamma 8 --sparsity 0.05 > "$OUT/profile-vegas-greedy.txt" 2>&1
