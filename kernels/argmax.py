@@ -12,8 +12,9 @@ Contract (both functions): ``x`` ``[R, V]`` floating point (float32, bfloat16 or
 any row stride, unit column stride for the kernel. Returns int64 ``[R]``: for each row the index of
 its largest value, the first such index on ties, as ``torch.argmax`` (the values are compared in
 their own dtype, so casting bf16 logits to float32 first cannot change the answer). A row of all
-``-inf`` gives 0 (as torch). NaN is not supported (torch treats it as the largest value; logits
-here are never NaN).
+``-inf`` gives 0, and NaN counts as larger than anything (the first NaN's index), as torch. The
+NaN rule matters in a CUDA graph: a bucket's padding rows compute from whatever their buffers
+hold, and an index past the vocabulary would be the next step's embedding lookup.
 """
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ if triton is not None:
         best = tl.max(x, axis=0)
         # The first index holding the maximum (ties, and an all -inf chunk, take the lowest).
         first = tl.min(tl.where(x == best, offs, V), axis=0)
-        tl.store(val_ptr + row * chunks + chunk, best)
-        tl.store(idx_ptr + row * chunks + chunk, first)
+        # NaN wins, at its first index (torch.argmax's rule), whatever tl.max made of it.
+        first_nan = tl.min(tl.where(x != x, offs, V), axis=0)
+        has_nan = first_nan < V
+        tl.store(val_ptr + row * chunks + chunk, tl.where(has_nan, float("nan"), best))
+        tl.store(idx_ptr + row * chunks + chunk, tl.where(has_nan, first_nan, first))
 
     @triton.jit
     def _row_argmax_kernel(val_ptr, idx_ptr, out_ptr, V, chunks, CHUNKS_PAD: tl.constexpr,
@@ -68,6 +72,9 @@ if triton is not None:
         best = tl.max(vals, axis=0)
         first = tl.min(tl.where(valid & (vals == best), idx, V), axis=0)
         # A row of all -inf: every chunk reports its own first index; the smallest is 0.
+        # A chunk that saw a NaN reports NaN and its first NaN's index: the earliest such wins.
+        first_nan = tl.min(tl.where(valid & (vals != vals), idx, V), axis=0)
+        first = tl.where(first_nan < V, first_nan, first)
         tl.store(out_ptr + row, first.to(tl.int64))
 
 

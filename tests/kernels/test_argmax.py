@@ -1,6 +1,7 @@
 """`kernels.argmax.argmax_rows` gives exactly `torch.argmax`'s indices: first index on ties (within a
 chunk and across chunks), rows of -inf, vocabularies that are not a multiple of the chunk, strided
-rows, bf16 / fp16 / fp32. Under the interpreter on the CPU; compiled on a GPU with
+rows, bf16 / fp16 / fp32, and NaN as torch takes it (the largest: a CUDA graph's padding rows
+may hold it, and an index past the vocabulary would crash the next step's embedding lookup). Under the interpreter on the CPU; compiled on a GPU with
 TRITON_INTERPRET=0."""
 import os
 
@@ -39,6 +40,24 @@ def test_ties_take_the_first_index(dtype):
     got = argmax_rows(x, block=block).cpu()
     assert got.tolist() == [5, 129, 63, 998, 0, 0]
     assert torch.equal(got, argmax_rows_reference(x).cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_nan_is_the_largest_value_as_in_torch(dtype):
+    vocab, block = 300, 32
+    x = _logits(5, vocab, dtype, seed=9)
+    x[0, [250, 40]] = float("nan")            # first NaN across chunks: 40
+    x[0, 10] = float("inf")                   # an earlier +inf does not beat it
+    x[1] = float("nan")                       # all NaN: 0
+    x[2, 299] = float("nan")                  # in the last, partial chunk
+    x[3, [33, 34]] = float("nan")             # two in one chunk: 33
+    x[4, 7] = float("nan")
+    x[4, 200:] = float("-inf")
+    got = argmax_rows(x, block=block).cpu()
+    assert got.tolist() == [40, 0, 299, 33, 7]
+    assert torch.equal(got, argmax_rows_reference(x).cpu())
+    assert int(argmax_rows(torch.full((3, vocab), float("nan"), dtype=dtype, device=DEVICE),
+                           block=block).max()) < vocab
 
 
 def test_strided_rows_and_empty_batch():
