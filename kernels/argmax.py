@@ -40,41 +40,45 @@ BLOCK = 4096
 if triton is not None:
 
     @triton.jit
+    def _first_max(vals, idx, valid, V):
+        """(the largest of `vals` where `valid`, the smallest `idx` holding it), with torch's
+        rules: ties take the lowest index, NaN beats everything (the first NaN's index, and the
+        value NaN, whatever tl.max made of it). An index V means none was valid."""
+        best = tl.max(vals, axis=0)
+        first = tl.min(tl.where(valid & (vals == best), idx, V), axis=0)
+        first_nan = tl.min(tl.where(valid & (vals != vals), idx, V), axis=0)
+        has_nan = first_nan < V
+        return tl.where(has_nan, float("nan"), best), tl.where(has_nan, first_nan, first)
+
+    @triton.jit
     def _chunk_argmax_kernel(x_ptr, s_x, val_ptr, idx_ptr, V, chunks, BLOCK: tl.constexpr,
                              USE_PDL: tl.constexpr):
-        """Program (row, chunk): the chunk's largest value (float32) and its first index."""
+        """Program (row, chunk): the chunk's largest value (float32) and its first index (an all
+        -inf chunk: its first index)."""
         pdl_wait(USE_PDL)
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         offs = chunk * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(x_ptr + row.to(tl.int64) * s_x + offs, mask=offs < V, other=float("-inf"))
+        valid = offs < V
+        x = tl.load(x_ptr + row.to(tl.int64) * s_x + offs, mask=valid, other=float("-inf"))
         x = x.to(tl.float32)                       # exact for bf16 / fp16: the order is kept
-        best = tl.max(x, axis=0)
-        # The first index holding the maximum (ties, and an all -inf chunk, take the lowest).
-        first = tl.min(tl.where(x == best, offs, V), axis=0)
-        # NaN wins, at its first index (torch.argmax's rule), whatever tl.max made of it.
-        first_nan = tl.min(tl.where(x != x, offs, V), axis=0)
-        has_nan = first_nan < V
-        tl.store(val_ptr + row * chunks + chunk, tl.where(has_nan, float("nan"), best))
-        tl.store(idx_ptr + row * chunks + chunk, tl.where(has_nan, first_nan, first))
+        best, first = _first_max(x, offs, valid, V)
+        tl.store(val_ptr + row * chunks + chunk, best)
+        tl.store(idx_ptr + row * chunks + chunk, first)
 
     @triton.jit
     def _row_argmax_kernel(val_ptr, idx_ptr, out_ptr, V, chunks, CHUNKS_PAD: tl.constexpr,
                            USE_PDL: tl.constexpr):
-        """Program (row): the winner among the row's chunk winners; chunks are in index order, so
-        the first chunk holding the maximum holds its first index."""
+        """Program (row): the winner among the row's chunk winners. Chunks are in index order, so
+        the first chunk holding the maximum (or a NaN) holds the row's first such index; a row of
+        all -inf gives the first chunk's first index, 0."""
         pdl_wait(USE_PDL)
         row = tl.program_id(0)
         c = tl.arange(0, CHUNKS_PAD)
         valid = c < chunks
         vals = tl.load(val_ptr + row * chunks + c, mask=valid, other=float("-inf"))
         idx = tl.load(idx_ptr + row * chunks + c, mask=valid, other=V)
-        best = tl.max(vals, axis=0)
-        first = tl.min(tl.where(valid & (vals == best), idx, V), axis=0)
-        # A row of all -inf: every chunk reports its own first index; the smallest is 0.
-        # A chunk that saw a NaN reports NaN and its first NaN's index: the earliest such wins.
-        first_nan = tl.min(tl.where(valid & (vals != vals), idx, V), axis=0)
-        first = tl.where(first_nan < V, first_nan, first)
+        _, first = _first_max(vals, idx, valid, V)
         tl.store(out_ptr + row, first.to(tl.int64))
 
 
