@@ -106,6 +106,33 @@ if triton is not None:
         return (silu.to(tl.float32) * up).to(DT)
 
     @triton.jit
+    def row_inv_rms(x_rows, r_mask, s_xk, eps, K: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+        """The rows' inverse RMS (RMSNorm's, in float32): a first pass over x (a few KB a row,
+        from L2). ``x_rows`` are [BLOCK_M, 1] row pointers."""
+        ks = tl.arange(0, BLOCK_K)
+        sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = (k0 + ks) < K
+            x = tl.load(x_rows + (k0 + ks)[None, :] * s_xk,
+                        mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
+            sum_sq += tl.sum(x * x, axis=1)
+        return tl.rsqrt(sum_sq / K + eps)
+
+    @triton.jit
+    def x_tile(x_rows, r_mask, s_xk, k0, ks, k_mask, nw_ptr, inv_rms, NORM: tl.constexpr,
+               DT: tl.constexpr):
+        """Columns k0 + ks of x's rows, RMS-normalised with RMSNorm.forward's roundings
+        (normalise, cast, then the weight's multiply) when NORM."""
+        x = tl.load(x_rows + (k0 + ks)[None, :] * s_xk, mask=r_mask[:, None] & k_mask[None, :],
+                    other=0.0)
+        if NORM:
+            nw = tl.load(nw_ptr + k0 + ks, mask=k_mask, other=0.0).to(tl.float32)
+            normalised = (x.to(tl.float32) * inv_rms[:, None]).to(DT)
+            x = (nw[None, :] * normalised.to(tl.float32)).to(DT)
+        return x
+
+    @triton.jit
     def _fused_linear_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, M, N, eps, up_row, s_xm, s_xk, s_wn, s_wk, s_rm, s_rn, s_om, s_on,
                              K: tl.constexpr, NORM: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                              ADD_RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,
@@ -122,25 +149,16 @@ if triton is not None:
         ks = tl.arange(0, BLOCK_K)
         x_rows = x_ptr + rows[:, None].to(tl.int64) * s_xm
         w_rows = w_ptr + cols[:, None].to(tl.int64) * s_wn
-        if NORM:   # the rows' inverse RMS first: a pass over x (a few KB a row, from L2)
-            sum_sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                k_mask = (k0 + ks) < K
-                x = tl.load(x_rows + (k0 + ks)[None, :] * s_xk,
-                            mask=r_mask[:, None] & k_mask[None, :], other=0.0).to(tl.float32)
-                sum_sq += tl.sum(x * x, axis=1)
-            inv_rms = tl.rsqrt(sum_sq / K + eps)
+        if NORM:
+            inv_rms = row_inv_rms(x_rows, r_mask, s_xk, eps, K, BLOCK_M, BLOCK_K)
+        else:
+            inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)   # not read
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if SILU_MUL:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_mask = (k0 + ks) < K
-            x = tl.load(x_rows + (k0 + ks)[None, :] * s_xk,
-                        mask=r_mask[:, None] & k_mask[None, :], other=0.0)
-            if NORM:   # RMSNorm.forward's roundings: normalise, cast, then the weight's multiply
-                nw = tl.load(nw_ptr + k0 + ks, mask=k_mask, other=0.0).to(tl.float32)
-                normalised = (x.to(tl.float32) * inv_rms[:, None]).to(DT)
-                x = (nw[None, :] * normalised.to(tl.float32)).to(DT)
+            x = x_tile(x_rows, r_mask, s_xk, k0, ks, k_mask, nw_ptr, inv_rms, NORM, DT)
             w_mask = c_mask[:, None] & k_mask[None, :]
             w = tl.load(w_rows + (k0 + ks)[None, :] * s_wk, mask=w_mask, other=0.0)
             acc = tl.dot(x, tl.trans(w), acc, input_precision=PRECISION)

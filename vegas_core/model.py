@@ -18,6 +18,7 @@ from torch import nn
 
 from kernels.fused import add_rms_norm, rotary_qkv, silu_mul
 from kernels.fused_linear import linear_add, norm_linear
+from kernels.qkv_rotary import norm_linear_rotary
 
 from .attention import AttentionMetadata
 from .config import ModelConfig
@@ -144,15 +145,26 @@ class DecoderLayer(nn.Module):
         h, residual = add_rms_norm(attn, ln_post.weight, ln_post.eps, residual)
         return self.mlp.forward_fused(h), residual
 
-    def forward_fused_linear(self, hidden, cos, sin, backend, pool, meta):
+    def forward_fused_linear(self, hidden, cos, sin, backend, pool, meta,
+                             rotary_epilogue: bool = True):
         """The layer in five launches besides attention (`kernels/fused_linear.py`): each
         RMSNorm is its projection's prologue, SiLU * up the gate/up product's epilogue, and the
         residual adds the epilogues of o_proj and down_proj, which update `hidden` (the stream)
-        in place. Returns `hidden`."""
+        in place. With `rotary_epilogue` (and no per-head q/k norm) the rotary and the pool write
+        are the qkv product's epilogue (`kernels/qkv_rotary.py`): four launches. Returns
+        `hidden`."""
         ln_in, ln_post = self.input_layernorm, self.post_attention_layernorm
         attn, mlp = self.self_attn, self.mlp
-        qkv = norm_linear(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight, attn.qkv_bias)
-        o = attn.attend_fused(qkv, cos, sin, backend, pool, meta)
+        c = attn.cfg
+        if rotary_epilogue and not c.qk_norm:
+            q = norm_linear_rotary(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight,
+                                   attn.qkv_bias, cos, sin, c.num_heads, c.num_kv_heads,
+                                   c.head_dim, pool.k[attn.layer], pool.v[attn.layer],
+                                   meta.slot_mapping)
+            o = backend.forward(attn.layer, q, None, None, pool, meta).reshape(hidden.shape[0], -1)
+        else:
+            qkv = norm_linear(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight, attn.qkv_bias)
+            o = attn.attend_fused(qkv, cos, sin, backend, pool, meta)
         linear_add(o, attn.o_proj.weight, hidden, attn.o_proj.bias)
         act = norm_linear(hidden, ln_post.weight, ln_post.eps, mlp.gate_up_weight, silu_mul=True)
         return linear_add(act, mlp.down_proj.weight, hidden)
@@ -186,6 +198,9 @@ class CausalLM(nn.Module):
         # verification makes a row's products the same whatever the batch: greedy output matched
         # vanilla's more often, 1.6 % slower.
         self.fused_linear_rows: int = 128
+        # Within those forwards, the rotary and the KV-pool write as the qkv product's epilogue
+        # (one launch a layer fewer; bench/NOTES.md version 42). False: the rotary kernel.
+        self.rotary_epilogue: bool = True
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
@@ -232,7 +247,8 @@ class CausalLM(nn.Module):
         if x.shape[0] <= self.fused_linear_rows:
             hidden = x          # the embeddings, a new tensor: updated in place from here on
             for layer in self.model.layers:
-                hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta)
+                hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta,
+                                                    self.rotary_epilogue)
             if logit_rows is not None:
                 hidden = hidden[logit_rows]
             return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0])

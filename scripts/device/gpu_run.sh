@@ -43,6 +43,11 @@
 #   argab    e2e greedy vanilla / stream / vegas with the chain's row-argmax kernel over bf16
 #            logits, then with graphs.py's two lines put back to a float32 copy and torch.argmax
 #   gprofile the profile of vegas at its tuned setting, greedy only
+#   rtests   the qkv product with the rotary epilogue, the fused projections and layer kernels, and
+#            the CUDA-graph path, compiled
+#   rlinear  qkv then the rotary kernel against the rotary as qkv's epilogue (bench linear)
+#   rab      e2e greedy vanilla / stream / vegas with the rotary as qkv's epilogue, then with the
+#            rotary kernel (--no-rotary-epilogue); rab-epilogue / rab-kernel run one of the two
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -145,6 +150,17 @@ for stage in "$@"; do
     gprofile) timeout 150 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/profile_step.py vegas 64 6000 \
                 --gamma 8 --sparsity 0.05 > "$OUT/profile-vegas-greedy.txt" 2>&1
               echo "rc=$? gprofile" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-vegas-greedy.txt" | tail -16 ;;
+    rtests) TAIL=8 step rtests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qkv_rotary.py \
+             tests/kernels/test_fused_linear.py tests/kernels/test_fused.py tests/vegas_core/test_graphs.py ;;
+    rlinear) mkdir -p "$OUT/results/linear"; TAIL=16 step rlinear 200 python3 -m vegas_core.bench linear \
+             --ops qkv qkv_rotary --out "$OUT/results/linear" ;;
+    rab|rab-epilogue|rab-kernel)
+           [ $stage = rab ] && variants="epilogue kernel" || variants=${stage#rab-}
+           for v in $variants; do
+             flag=""; [ $v = kernel ] && flag=--no-rotary-epilogue
+             mkdir -p "$OUT/results/rab-$v"; TAIL=8 step "rab-$v" 280 "${E2E[@]}" --methods vanilla stream vegas \
+               --sampling greedy --out "$OUT/results/rab-$v" $flag ${E2E_ARGS:-}
+           done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -109,7 +109,8 @@ def test_smollm2_gguf_matches_transformers(default_model):
 
 FUSED_CASES = [(case, attention, linear) for case in ("llama", "qwen3")
                for attention in ("reference", "triton") for linear in ("cublas", "fused-linear")]
-FUSED_CASES += [("qwen2", "reference", "fused-linear"), ("llama-bias", "reference", "fused-linear")]
+FUSED_CASES += [("qwen2", "reference", "fused-linear"), ("llama-bias", "reference", "fused-linear"),
+                ("llama", "reference", "fused-linear-rotary-kernel")]
 
 
 @pytest.mark.parametrize("case, attention, linear", FUSED_CASES)
@@ -119,8 +120,10 @@ def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, 
     gives the unfused path's logits and KV pool within 1e-5 in fp32: prefill, then decode steps
     through the paged cache, with either attention backend reading the K/V the kernel wrote.
     "fused-linear" runs every forward through kernels/fused_linear.py (norms, SiLU * up and the
-    residual adds inside the projections, qkv and o_proj biases included: Qwen2's, Llama's);
-    "cublas" none (`fused_linear_rows` 0, prefill's path)."""
+    residual adds inside the projections, qkv and o_proj biases included: Qwen2's, Llama's;
+    the rotary and pool write as the qkv product's epilogue, kernels/qkv_rotary.py, but for
+    Qwen3), "fused-linear-rotary-kernel" the same with the rotary as its own kernel
+    (`rotary_epilogue` False); "cublas" none (`fused_linear_rows` 0, prefill's path)."""
     arch, overrides = CASES[case]
     path, _ = make_tiny_hf_model(tmp_path / case, arch, **overrides)
     loaded = load_model(path)
@@ -133,7 +136,8 @@ def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, 
         runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
                              num_blocks=32, block_size=4, attention=attention)
         runner.model.fused_ops = fused
-        runner.model.fused_linear_rows = 1 << 20 if linear == "fused-linear" else 0
+        runner.model.fused_linear_rows = 1 << 20 if linear.startswith("fused-linear") else 0
+        runner.model.rotary_epilogue = linear != "fused-linear-rotary-kernel"
         results[fused] = (*_ours(runner, prompts, steps, block_size=4), runner.pool)
     (pre, dec, pool), (pre_f, dec_f, pool_f) = results[False], results[True]
     for i in range(len(prompts)):

@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="forwards of up to this many rows run kernels/fused_linear.py's projections, "
                         "longer ones cuBLAS's (0: none; default: the model's own, "
                         "CausalLM.fused_linear_rows)")
+    p.add_argument("--no-rotary-epilogue", action="store_true",
+                   help="in the fused projections' forwards, run the rotary and the KV-pool write as "
+                        "their own kernel after the qkv product, not as its epilogue "
+                        "(kernels/qkv_rotary.py; CausalLM.rotary_epilogue)")
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(kernels/pdl.py; on by default on Hopper and later)")
@@ -384,6 +388,8 @@ def run(args, argv: list[str]) -> str:
         kernels.pdl.ENABLED = False
     if args.fused_linear_rows is not None:
         engine.core.runner.model.fused_linear_rows = args.fused_linear_rows
+    if args.no_rotary_epilogue:
+        engine.core.runner.model.rotary_epilogue = False
     import kernels.select
     import kernels.verify_attention
     kernels.select.FUSED_SELECT = args.fused_select
@@ -440,6 +446,8 @@ def run(args, argv: list[str]) -> str:
                 cuda_graphs=engine.core.runner.graphs is not None,
                 fused_linear_rows=engine.core.runner.model.fused_linear_rows if engine.core.runner.model.fused_ops else 0,
                 linear_configs=_linear_configs(), pdl=_pdl(engine.device),
+                rotary_epilogue=engine.core.runner.model.rotary_epilogue and bool(
+                    engine.core.runner.model.fused_ops and engine.core.runner.model.fused_linear_rows),
                 fused_select=kernels.select.FUSED_SELECT and bool(engine.core.runner.kernels),
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],

@@ -11,7 +11,9 @@ gate/up product) and `fused_us` (one launch), with the launch configuration the 
 verification), and the table to paste into `kernels.fused_linear.CONFIGS`. A `layer` record
 times the whole non-attention part of a layer both ways, and `layer-pdl` the same with
 programmatic dependent launch (`kernels/pdl.py`: the Triton kernels of either path). Each fused output is checked against
-the old path's first (`max_abs_diff`, bf16). Times are medians of CUDA-graph replays.
+the old path's first (`max_abs_diff`, bf16). `qkv_rotary` records time the qkv product and the
+rotary + pool-write kernel against the rotary as the product's epilogue (`kernels/qkv_rotary.py`).
+Times are medians of CUDA-graph replays.
 """
 from __future__ import annotations
 
@@ -93,6 +95,49 @@ def _check(x, weight, norm, silu, add, residual) -> float:
     return float((old.float() - new.float()).abs().max())
 
 
+def _qkv_rotary_records(shape: str, row_counts, weight, norm, device) -> list[dict]:
+    """The qkv product then the rotary + pool-write kernel (two launches, `kernels.fused`)
+    against the rotary as the product's epilogue (`kernels/qkv_rotary.py`), without and with
+    programmatic dependent launch; `same_bits`: q and the pool equal between the two."""
+    import kernels.pdl
+    from kernels.fused import rotary_qkv
+    from kernels.fused_linear import norm_linear
+    from kernels.qkv_rotary import norm_linear_rotary
+
+    from .kernels import _bench
+    _, heads, kv_heads, d, _, _ = SHAPES[shape]
+    records = []
+    for rows in row_counts:
+        g = torch.Generator(device="cpu").manual_seed(rows)
+        x = torch.randn(rows, weight.shape[1], generator=g).to(device, torch.bfloat16)
+        angle = torch.randint(0, 8192, (rows, 1), generator=g) * torch.rand(1, d, generator=g)
+        cos, sin = angle.cos().to(device, torch.bfloat16), angle.sin().to(device, torch.bfloat16)
+        blocks = rows // 16 + 2
+        slots = torch.randperm(blocks * 16, generator=g)[:rows].to(device)
+        pools = [[torch.zeros(blocks, 16, kv_heads, d, device=device, dtype=torch.bfloat16)
+                  for _ in range(2)] for _ in range(2)]
+
+        def two():
+            return rotary_qkv(norm_linear(x, norm, 1e-5, weight), cos, sin, heads, kv_heads, d,
+                              *pools[0], slots)
+
+        def one():
+            return norm_linear_rotary(x, norm, 1e-5, weight, None, cos, sin, heads, kv_heads, d,
+                                      *pools[1], slots)
+
+        same = (torch.equal(two(), one()) and torch.equal(pools[0][0], pools[1][0])
+                and torch.equal(pools[0][1], pools[1][1]))
+        for pdl in (False, True):
+            kernels.pdl.ENABLED = pdl
+            rec = {"op": "qkv_rotary-pdl" if pdl else "qkv_rotary", "rows": rows,
+                   "pdl": kernels.pdl.active(device), "two_launches_us": _bench(two),
+                   "epilogue_us": _bench(one), "same_bits": same}
+            rec["speedup"] = rec["two_launches_us"] / rec["epilogue_us"]
+            records.append(rec)
+        kernels.pdl.ENABLED = False
+    return records
+
+
 def _configs(n: int):
     for bm, bn, bk, (warps, stages) in itertools.product(*GRID.values()):
         if bn == 128 and n < 4096:
@@ -148,6 +193,8 @@ def run(args, argv: list[str]) -> str:
             score, config, times = min(scored)
             best[name] = {"n": n_out, "k": k, "silu_mul": silu, "config": list(config),
                           "us": times, "score": score}
+    if not args.ops or "qkv_rotary" in args.ops:
+        records += _qkv_rotary_records(args.shape, args.rows, *projections["qkv"][:2], device)
     (wq, nq, _, _), (wo, _, _, _), (wg, ng, _, _), (wd, _, _, _) = (
         projections[n] for n in ("qkv", "o_proj", "gate_up", "down_proj"))
     for rows in args.rows:   # the non-attention part of a layer, old launches vs fused ones
@@ -181,7 +228,14 @@ def run(args, argv: list[str]) -> str:
                                 best_configs=best,
                                 notes="bf16; medians of CUDA-graph replays; cublas_us includes "
                                       "the norm / SiLU * up launches the fused kernel replaces")
-    table = [r for r in records if not r.get("sweep")]
+    rotary = [r for r in records if r["op"].startswith("qkv_rotary")]
+    if rotary:
+        common.print_table(f"qkv + rotary + pool write ({args.shape}): two launches vs one",
+                           ["op", "rows", "pdl", "two launches us", "epilogue us", "speedup",
+                            "same bits"],
+                           [[r["op"], r["rows"], r["pdl"], r["two_launches_us"], r["epilogue_us"],
+                             r["speedup"], r["same_bits"]] for r in rotary])
+    table = [r for r in records if not r.get("sweep") and r not in rotary]
     common.print_table(f"fused projections ({args.shape}): {common.device_description(device)}",
                        ["op", "rows", "N", "K", "config", "cuBLAS path us", "fused us", "speedup",
                         "max |diff|"],
