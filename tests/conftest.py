@@ -12,6 +12,11 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest
 import torch
 
+from tests import interpreter_speedup
+
+if os.environ["TRITON_INTERPRET"] == "1":
+    interpreter_speedup.install()    # nested helpers skip a redundant re-patch (see the module)
+
 
 @pytest.fixture
 def one_thread():
