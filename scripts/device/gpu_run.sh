@@ -45,6 +45,7 @@
 #   gprofile the profile of vegas at its tuned setting, greedy only
 #   rtests   the qkv product with the rotary epilogue, the fused projections and layer kernels, and
 #            the CUDA-graph path, compiled
+#   rktests  the same without the CUDA-graph path (the kernels only)
 #   rlinear  qkv then the rotary kernel against the rotary as qkv's epilogue (bench linear)
 #   rab      e2e greedy vanilla / stream / vegas with the rotary as qkv's epilogue, then with the
 #            rotary kernel (--no-rotary-epilogue); rab-epilogue / rab-kernel run one of the two
@@ -152,6 +153,8 @@ for stage in "$@"; do
               echo "rc=$? gprofile" | tee -a "$OUT/steps.txt"; grep -v '%|' "$OUT/profile-vegas-greedy.txt" | tail -16 ;;
     rtests) TAIL=8 step rtests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qkv_rotary.py \
              tests/kernels/test_fused_linear.py tests/kernels/test_fused.py tests/vegas_core/test_graphs.py ;;
+    rktests) TAIL=6 step rktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qkv_rotary.py \
+             tests/kernels/test_fused_linear.py ;;
     rlinear) mkdir -p "$OUT/results/linear"; TAIL=16 step rlinear 200 python3 -m vegas_core.bench linear \
              --ops qkv qkv_rotary --out "$OUT/results/linear" ;;
     rab|rab-epilogue|rab-kernel)
