@@ -91,6 +91,12 @@ GRANULARITIES = ("layer", "kv-head")
 # selection 0.88 -> 2.58 ms an iteration; `bench e2e --fused-select`, bench/NOTES.md version 38).
 FUSED_SELECT = False
 
+# select_layers' two launches: (position tile, warps) of the scoring and (chunk, warps) of the radix
+# top-k. Measured in `scripts/device/probe_selection.py` (bench/NOTES.md version 43); `bench e2e
+# --select-launch` overrides them for an A/B. Any launch gives the same bits (tests/kernels).
+SCORE_LAUNCH: tuple[int, int] = (1024, 4)
+TOPK_LAUNCH: tuple[int, int] = (1024, 4)
+
 
 def _groups(granularity: str, heads: int, kv_heads: int) -> tuple[int, int]:
     """(G, query heads per group)."""
@@ -365,7 +371,7 @@ def _interpreting() -> bool:
 
 
 def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, granularity: str,
-                     block_n: int = 1024, packed: bool | str = False):
+                     block_n: int = 1024, packed: bool | str = False, num_warps: int = 4):
     """Triton version of ``selection_scores_reference`` (see the module docstring). Also takes
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
@@ -389,7 +395,8 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
         _selection_scores_kernel[(layers * batch, groups, triton.cdiv(n, block_n))](
             logits, lse, out, row_start, row_count, bases, batch,
             *logits.stride(), *lse.stride(), *out.stride(), n,
-            PER_GROUP=per_group, BLOCK_N=block_n, PACK=pack, INTERPRET=_interpreting())
+            PER_GROUP=per_group, BLOCK_N=block_n, PACK=pack, INTERPRET=_interpreting(),
+            num_warps=num_warps)
     return out[0] if single else out
 
 
@@ -643,14 +650,18 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     # bench/results/e2e-2026-12-01-h200-run2.json). torch.topk over int64 (score, position) keys
     # fixed that, and then cost more than the scoring: its 64-bit radix passes, the sort of the
     # chosen positions, the padding (`_radix_topk_kernel` does all three in one launch).
+    block_n, warps = SCORE_LAUNCH
     scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity,
-                              packed="bits")
+                              block_n=block_n, packed="bits", num_warps=warps)
     layers, batch, groups, n = scores.shape                                     # [L, B, G, N]
-    pos = radix_topk(scores.view(layers * batch, groups, n), budgets, k_max)
+    block, warps = TOPK_LAUNCH
+    pos = radix_topk(scores.view(layers * batch, groups, n), budgets, k_max, block=block,
+                     num_warps=warps)
     return pos.view(layers, batch, groups, k_max)
 
 
-def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024) -> torch.Tensor:
+def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024,
+               num_warps: int = 4) -> torch.Tensor:
     """Triton: per ``[r, g]`` row of int32 order-preserving score bits ``keys [R, G, N]``
     (`selection_scores(..., packed="bits")`), the top ``budgets[r % B]`` positions (``budgets``
     int ``[B]``, ``R`` a multiple of ``B``: rows are layer-major), larger keys first and ties to
@@ -669,5 +680,5 @@ def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024) -> to
     if k_max and rows:
         _radix_topk_kernel[(rows, groups)](
             keys, budgets, pos, budgets.shape[0], n, k_max, keys.stride(0), keys.stride(1),
-            *pos.stride(), BLOCK=block, INTERPRET=_interpreting())
+            *pos.stride(), BLOCK=block, INTERPRET=_interpreting(), num_warps=num_warps)
     return pos

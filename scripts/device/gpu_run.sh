@@ -46,6 +46,9 @@
 #   rtests   the qkv product with the rotary epilogue, the fused projections and layer kernels, and
 #            the CUDA-graph path, compiled
 #   rktests  the same without the CUDA-graph path (the kernels only)
+#   selprobe the selection's two kernels over launch sizes (scripts/device/probe_selection.py)
+#   selab    e2e greedy vanilla / stream / specextend / vegas with the engine's selection launch,
+#            then with each SELECT_LAUNCH="BN,W,CHUNK,W ..." given
 #   rlinear  qkv then the rotary kernel against the rotary as qkv's epilogue (bench linear)
 #   rab      e2e greedy vanilla / stream / vegas with the rotary as qkv's epilogue, then with the
 #            rotary kernel (--no-rotary-epilogue); rab-epilogue / rab-kernel run one of the two
@@ -155,6 +158,12 @@ for stage in "$@"; do
              tests/kernels/test_fused_linear.py tests/kernels/test_fused.py tests/vegas_core/test_graphs.py ;;
     rktests) TAIL=6 step rktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qkv_rotary.py \
              tests/kernels/test_fused_linear.py ;;
+    selprobe) TAIL=70 step selprobe 200 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_selection.py ;;
+    selab) for v in engine ${SELECT_LAUNCH:-}; do
+             flag=""; [ $v = engine ] || flag="--select-launch $v"
+             mkdir -p "$OUT/results/selab-$v"; TAIL=8 step "selab-$v" 200 "${E2E[@]}" --methods vanilla stream specextend vegas \
+               --sampling greedy --out "$OUT/results/selab-$v" $flag ${E2E_ARGS:-}
+           done ;;
     rlinear) mkdir -p "$OUT/results/linear"; TAIL=16 step rlinear 200 python3 -m vegas_core.bench linear \
              --ops qkv qkv_rotary --out "$OUT/results/linear" ;;
     rab|rab-epilogue|rab-kernel)

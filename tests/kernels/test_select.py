@@ -362,6 +362,27 @@ def test_select_layers_equals_per_layer_selection():
                 assert torch.equal(got[layer, b, :, :k], want[b, :, :k]), (gran, layer, b)
 
 
+@pytest.mark.parametrize("score_launch, topk_launch", [((16, 2), (16, 8)), ((32, 8), (64, 2))])
+def test_select_layers_launch_sizes_choose_the_same(monkeypatch, score_launch, topk_launch):
+    """Other position tiles / chunks and warps (kernels.select.SCORE_LAUNCH, TOPK_LAUNCH: what
+    `bench e2e --select-launch` sets) give the engine's positions, ties included."""
+    import kernels.select as select
+    g = torch.Generator().manual_seed(12)
+    rows, heads, kvh, n, layers = 6, 6, 3, 70, 2
+    values = torch.tensor([-2.0, 0.0, 0.5, 3.0])     # few distinct values: many exact ties
+    lg = values[torch.randint(0, 4, (layers, rows, heads, n), generator=g)]
+    collected = (lg.to(torch.bfloat16).to(DEVICE), torch.logsumexp(lg, -1).to(DEVICE))
+    start, count = _i32([0, 2, 3]), _i32([2, 1, 3])
+    bases, budgets = _i32([70, 33, 51]), _i32([12, 1, 51])
+    want = {gran: select.select_layers(collected, start, count, bases, budgets, 51, kvh, gran)
+            for gran in ("layer", "kv-head")}
+    monkeypatch.setattr(select, "SCORE_LAUNCH", score_launch)
+    monkeypatch.setattr(select, "TOPK_LAUNCH", topk_launch)
+    for gran, positions in want.items():
+        assert torch.equal(select.select_layers(collected, start, count, bases, budgets, 51, kvh,
+                                                gran), positions), gran
+
+
 def test_radix_topk_equals_torch_topk_over_packed_keys():
     """The radix select against torch.topk over the int64 (score bits, reversed position) keys
     it replaced: rows of 2,500 positions (three 1,024-key chunks) full of exact ties, negative and

@@ -75,7 +75,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fused-select", action="store_true",
                    help="score and select Vegas / SpecExtend positions in one launch where rows fit "
                         "(kernels/select_fused.py; off by default: slower on the H200)")
+    p.add_argument("--select-launch", default=None, metavar="BN,W,CHUNK,W", type=_four_ints,
+                   help="launch sizes of the selection's two kernels: the scoring's position tile "
+                        "and warps, the radix top-k's chunk and warps (default: "
+                        "kernels.select.SCORE_LAUNCH and TOPK_LAUNCH)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
+
+
+def _four_ints(text: str) -> tuple[int, int, int, int]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 4 or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected four positive integers BN,W,CHUNK,W, got {text!r}")
+    return values
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -393,6 +407,9 @@ def run(args, argv: list[str]) -> str:
     import kernels.select
     import kernels.verify_attention
     kernels.select.FUSED_SELECT = args.fused_select
+    if args.select_launch:
+        bn, w1, chunk, w2 = args.select_launch
+        kernels.select.SCORE_LAUNCH, kernels.select.TOPK_LAUNCH = (bn, w1), (chunk, w2)
     kernels.verify_attention.USE_PDL = args.verify_pdl
     parents = prefill_parents(engine, workload)
     tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
@@ -449,6 +466,8 @@ def run(args, argv: list[str]) -> str:
                 rotary_epilogue=engine.core.runner.model.rotary_epilogue and bool(
                     engine.core.runner.model.fused_ops and engine.core.runner.model.fused_linear_rows),
                 fused_select=kernels.select.FUSED_SELECT and bool(engine.core.runner.kernels),
+                select_launch=dict(scores=list(kernels.select.SCORE_LAUNCH),
+                                   topk=list(kernels.select.TOPK_LAUNCH)),
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
