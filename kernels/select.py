@@ -92,10 +92,14 @@ GRANULARITIES = ("layer", "kv-head")
 FUSED_SELECT = False
 
 # select_layers' two launches: (position tile, warps) of the scoring and (chunk, warps) of the radix
-# top-k. Measured in `scripts/device/probe_selection.py` (bench/NOTES.md version 43); `bench e2e
-# --select-launch` overrides them for an A/B. Any launch gives the same bits (tests/kernels).
-SCORE_LAUNCH: tuple[int, int] = (1024, 4)
-TOPK_LAUNCH: tuple[int, int] = (1024, 4)
+# top-k; any launch gives the same bits (tests/kernels/test_select.py). Measured on the H200
+# (`scripts/device/probe_selection.py`, bench/results/kernels-2026-12-03-h200-selection-probe.json,
+# every layer at batch 64 x 6K): the scoring took 368 us with 1,024-position tiles and 4 warps, 161
+# with 512 and 4 (four positions a thread; 256 / 2 and 1,024 / 8 alike, 8+ a thread 2-30x slower);
+# the top-k 293 against 278 us with 512-key chunks. In the e2e, vegas's selection 0.88 -> 0.60 ms
+# an iteration (bench/NOTES.md version 43). `bench e2e --select-launch` overrides them for an A/B.
+SCORE_LAUNCH: tuple[int, int] = (512, 4)
+TOPK_LAUNCH: tuple[int, int] = (512, 4)
 
 
 def _groups(granularity: str, heads: int, kv_heads: int) -> tuple[int, int]:

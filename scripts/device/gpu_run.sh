@@ -159,10 +159,10 @@ for stage in "$@"; do
     rktests) TAIL=6 step rktests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_qkv_rotary.py \
              tests/kernels/test_fused_linear.py ;;
     selprobe) TAIL=70 step selprobe 200 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_selection.py ;;
-    selab) for v in engine ${SELECT_LAUNCH:-}; do
-             flag=""; [ $v = engine ] || flag="--select-launch $v"
-             mkdir -p "$OUT/results/selab-$v"; TAIL=8 step "selab-$v" 200 "${E2E[@]}" --methods vanilla stream specextend vegas \
-               --sampling greedy --out "$OUT/results/selab-$v" $flag ${E2E_ARGS:-}
+    selab) for v in ${SELAB_FIRST:-engine} ${SELECT_LAUNCH:-}; do
+             flag=""; [ $v = engine ] || flag="--select-launch $v"; d=selab-${v//,/-}
+             mkdir -p "$OUT/results/$d"; TAIL=8 step "$d" 200 "${E2E[@]}" --methods vanilla stream specextend vegas \
+               --sampling greedy --out "$OUT/results/$d" $flag ${E2E_ARGS:-}
            done ;;
     rlinear) mkdir -p "$OUT/results/linear"; TAIL=16 step rlinear 200 python3 -m vegas_core.bench linear \
              --ops qkv qkv_rotary --out "$OUT/results/linear" ;;
