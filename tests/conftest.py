@@ -17,6 +17,12 @@ from tests import interpreter_speedup
 if os.environ["TRITON_INTERPRET"] == "1":
     interpreter_speedup.install()    # nested helpers skip a redundant re-patch (see the module)
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One of several test processes (scripts/test.sh): one torch thread each, so the processes
+    # share the cores instead of oversubscribing them. Paths compared within a test run in the
+    # same process, hence with the same thread count.
+    torch.set_num_threads(1)
+
 
 @pytest.fixture
 def one_thread():
