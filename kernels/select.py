@@ -383,7 +383,8 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
     (Loading a [heads, 64 or 256] tile per row and reducing over its heads ran at 0.2-0.4 TB/s on
     the H200: bench/results/logs/profile-2026-12-01-h200-vegas.txt, kernels-2026-12-01-h200-run1.json.)
     ``packed``: False returns the float scores; True int64 (score bits, reversed position) keys;
-    ``"bits"`` the int32 order-preserving score bits (larger score, larger int)."""
+    ``"bits"`` the int32 order-preserving score bits (larger score, larger int). ``block_n`` and
+    ``num_warps``: the launch (any gives the same bits; the engine's is `SCORE_LAUNCH`)."""
     if triton is None:
         raise RuntimeError("selection_scores needs Triton; use selection_scores_reference")
     single = logits.dim() == 3
@@ -671,7 +672,8 @@ def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024,
     int ``[B]``, ``R`` a multiple of ``B``: rows are layer-major), larger keys first and ties to
     the lower position, written ascending and padded with 0 to ``k_max >= max(budgets)``: int32
     ``[R, G, k_max]``. The same as `topk_positions` over the keys with the position packed in
-    (tests/kernels/test_select.py)."""
+    (tests/kernels/test_select.py). ``block`` (keys per chunk) and ``num_warps``: the launch (the
+    same positions with any; the engine's is `TOPK_LAUNCH`)."""
     if triton is None:
         raise RuntimeError("radix_topk needs Triton")
     rows, groups, n = keys.shape
