@@ -9,5 +9,6 @@ if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app'
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi
 # Two worker processes (TEST_WORKERS; 0 runs in this process): most of the suite's time is Triton's
-# interpreter, pure Python on one core; each worker keeps torch to one thread (tests/conftest.py).
-exec python -m pytest -n "${TEST_WORKERS:-2}" "$@"
+# interpreter, pure Python on one core; each worker keeps torch to one thread (tests/conftest.py), and
+# an idle worker takes tests queued for the other (worksteal: a few tests take minutes each).
+exec python -m pytest -n "${TEST_WORKERS:-2}" --dist worksteal "$@"
