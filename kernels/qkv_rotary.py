@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from .fused import _need_triton, _rotate_rounded, rotary_qkv_reference, tl, triton
-from .fused_linear import config_for, norm_linear_reference
+from .fused_linear import _check, config_for, norm_linear_reference
 from .pdl import launch_options
 
 if triton is not None:
@@ -126,14 +126,13 @@ def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_h
     which BLOCK_N / 2 column pairs make a program's tile on a GPU (at least 16, tl.dot's
     minimum)."""
     _need_triton("norm_linear_rotary")
+    _check(x, weight, bias)
     n = (num_heads + 2 * num_kv_heads) * head_dim
-    if x.dim() != 2 or weight.shape != (n, x.shape[1]):
-        raise ValueError(f"x [T, K] and weight [(H + 2 KVH) * head_dim = {n}, K] expected, got "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if weight.shape[0] != n:
+        raise ValueError(f"weight [(H + 2 KVH) * head_dim = {n}, K] expected, got "
+                         f"{tuple(weight.shape)}")
     if head_dim % 2:
         raise ValueError("head_dim must be even")
-    if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-        raise ValueError("x, weight and bias must share a dtype")
     rows = x.shape[0]
     q = torch.empty((rows, num_heads, head_dim), dtype=x.dtype, device=x.device)
     if rows == 0:
