@@ -150,13 +150,13 @@ class DecoderLayer(nn.Module):
         """The layer in five launches besides attention (`kernels/fused_linear.py`): each
         RMSNorm is its projection's prologue, SiLU * up the gate/up product's epilogue, and the
         residual adds the epilogues of o_proj and down_proj, which update `hidden` (the stream)
-        in place. With `rotary_epilogue` (and no per-head q/k norm) the rotary and the pool write
-        are the qkv product's epilogue (`kernels/qkv_rotary.py`): four launches. Returns
-        `hidden`."""
+        in place. With `rotary_epilogue` the rotary and the pool write are the qkv product's
+        epilogue (`kernels/qkv_rotary.py`): four launches; only for models without a per-head
+        q/k norm (`CausalLM.rotary_in_qkv`). Returns `hidden`."""
         ln_in, ln_post = self.input_layernorm, self.post_attention_layernorm
         attn, mlp = self.self_attn, self.mlp
         c = attn.cfg
-        if rotary_epilogue and not c.qk_norm:
+        if rotary_epilogue:
             q = norm_linear_rotary(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight,
                                    attn.qkv_bias, cos, sin, c.num_heads, c.num_kv_heads,
                                    c.head_dim, pool.k[attn.layer], pool.v[attn.layer],
@@ -202,6 +202,13 @@ class CausalLM(nn.Module):
         # (one launch a layer fewer; bench/NOTES.md version 42). False: the rotary kernel.
         self.rotary_epilogue: bool = True
 
+    def rotary_in_qkv(self) -> bool:
+        """Whether decode and draft steps (the fused projections' forwards) run the rotary and the
+        pool write inside the qkv product: `rotary_epilogue` asks for it, and it needs the fused
+        path, fused projections and no per-head q/k norm (Qwen3's stays in the rotary kernel)."""
+        return bool(self.rotary_epilogue and self.fused_ops and self.fused_linear_rows
+                    and not self.config.qk_norm)
+
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
         if self.config.tie_word_embeddings or "lm_head.weight" not in weights:
@@ -246,9 +253,10 @@ class CausalLM(nn.Module):
         norm = self.model.norm
         if x.shape[0] <= self.fused_linear_rows:
             hidden = x          # the embeddings, a new tensor: updated in place from here on
+            rotary_in_qkv = self.rotary_in_qkv()
             for layer in self.model.layers:
                 hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta,
-                                                    self.rotary_epilogue)
+                                                    rotary_in_qkv)
             if logit_rows is not None:
                 hidden = hidden[logit_rows]
             return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0])

@@ -82,13 +82,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
-def _rotary_epilogue(model) -> bool:
-    """Whether decode and draft steps run the rotary inside the qkv product (model.py's choice:
-    the fused path, fused projections, no per-head q/k norm)."""
-    return bool(model.rotary_epilogue and model.fused_ops and model.fused_linear_rows
-                and not model.config.qk_norm)
-
-
 def _four_ints(text: str) -> tuple[int, int, int, int]:
     try:
         values = tuple(int(v) for v in text.split(","))
@@ -470,7 +463,7 @@ def run(args, argv: list[str]) -> str:
                 cuda_graphs=engine.core.runner.graphs is not None,
                 fused_linear_rows=engine.core.runner.model.fused_linear_rows if engine.core.runner.model.fused_ops else 0,
                 linear_configs=_linear_configs(), pdl=_pdl(engine.device),
-                rotary_epilogue=_rotary_epilogue(engine.core.runner.model),
+                rotary_epilogue=engine.core.runner.model.rotary_in_qkv(),
                 fused_select=kernels.select.FUSED_SELECT and bool(engine.core.runner.kernels),
                 select_launch=dict(scores=list(kernels.select.SCORE_LAUNCH),
                                    topk=list(kernels.select.TOPK_LAUNCH)),
