@@ -6,23 +6,16 @@ tiles and warps, and `radix_topk` over a grid of chunk sizes and warps, each che
 engine's launch (the same bits, the same positions). The e2e profile put them at 447 and 291 us an
 iteration (bench/results/logs/profile-2026-12-03-h200-vegas-g8-greedy-run36-gaps.txt); the floor
 of the scoring is its logits read, printed beside it. Writes $OUT/results/kernels-selection-probe.json."""
-import datetime
-import json
 import math
-import os
 
 import torch
 
 from kernels.select import radix_topk, selection_scores
-from vegas_core.bench.common import device_description
-from vegas_core.bench.kernels import SHAPES, _bench, copy_bandwidth
+from probe_setup import setup, write
+from vegas_core.bench.kernels import SHAPES
 
-# PROBE_DRY=1: a tiny case on the CPU under TRITON_INTERPRET=1 (is the script sound before the device).
-DRY = os.environ.get("PROBE_DRY") == "1"
-dev = torch.device("cpu" if DRY else "cuda")
-copy = 1.0 if DRY else copy_bandwidth(dev)
-if DRY:
-    _bench = lambda fn: (fn(), 1.0)[1]      # noqa: E731 - run once, no timing
+probe = setup()
+DRY, dev, copy, _bench = probe.dry, probe.dev, probe.copy_TBps, probe.bench
 heads, kvh, dim, layers = SHAPES["smollm2"]
 layers = 2 if DRY else layers
 batch, q_rows = (2 if DRY else 64), 9
@@ -70,12 +63,5 @@ for context in ((64,) if DRY else (6144, 8192)):
                                 key_bytes=keys.numel() * 4))
             print(context, "topk", block, warps, f"{us:.1f} us", same)
 
-out = os.path.join(os.environ.get("OUT", "/tmp"), "results")
-os.makedirs(out, exist_ok=True)
-path = os.path.join(out, "kernels-selection-probe.json")
-with open(path, "w", encoding="utf-8") as f:
-    json.dump(dict(date=datetime.date.today().isoformat(), device=device_description(dev),
-                   command="python3 scripts/device/probe_selection.py", torch=torch.__version__,
-                   copy_TBps=copy, engine_launch=dict(scores=(1024, 4), topk=(1024, 4)),
-                   records=records), f, indent=1)
-print("wrote", path)
+write(probe, "kernels-selection-probe", "python3 scripts/device/probe_selection.py", records,
+      engine_launch=dict(scores=(1024, 4), topk=(1024, 4)))

@@ -10,24 +10,17 @@ the cost of compacting: one layer's selected K and V gathered into contiguous bu
 The gap between the first two says what compacting the selection once per iteration (instead of
 gathering it in each of gamma draft steps) could save. Writes
 $OUT/results/kernels-sparse-gather.json."""
-import datetime
-import json
 import math
-import os
 
 import torch
 
 from kernels.sparse_attention import sparse_attention
 from kernels.verify_attention import verify_attention
-from vegas_core.bench.common import device_description
-from vegas_core.bench.kernels import SHAPES, _bench, copy_bandwidth, paged_case
+from probe_setup import setup, write
+from vegas_core.bench.kernels import SHAPES, paged_case
 
-# PROBE_DRY=1: a tiny case on the CPU under TRITON_INTERPRET=1 (is the script sound before the device).
-DRY = os.environ.get("PROBE_DRY") == "1"
-dev = torch.device("cpu" if DRY else "cuda")
-copy = 1.0 if DRY else copy_bandwidth(dev)
-if DRY:
-    _bench = lambda fn: (fn(), 1.0)[1]      # noqa: E731 - run once, no timing
+probe = setup()
+DRY, dev, copy, _bench = probe.dry, probe.dev, probe.copy_TBps, probe.bench
 heads, kvh, dim, _ = SHAPES["smollm2"]
 batch, tail, block_size = (2 if DRY else 64), 8, 16
 records = []
@@ -83,10 +76,4 @@ for context, sparsity in (((96, 0.1),) if DRY else ((6144, 0.05), (8192, 0.07)))
     del k, v, kc, vc
     if not DRY:
         torch.cuda.empty_cache()
-if DRY:
-    raise SystemExit(f"dry run: {len(records)} records")
-os.makedirs(os.environ["OUT"] + "/results", exist_ok=True)
-with open(os.environ["OUT"] + "/results/kernels-sparse-gather.json", "w") as f:
-    json.dump(dict(date=datetime.date.today().isoformat(), device=device_description(dev),
-                   command="python scripts/device/probe_sparse_gather.py", copy_TBps=copy,
-                   records=records), f, indent=1)
+write(probe, "kernels-sparse-gather", "python scripts/device/probe_sparse_gather.py", records)
