@@ -6,8 +6,6 @@ tiles and warps, and `radix_topk` over a grid of chunk sizes and warps, each che
 engine's launch (the same bits, the same positions). The e2e profile put them at 447 and 291 us an
 iteration (bench/results/logs/profile-2026-12-03-h200-vegas-g8-greedy-run36-gaps.txt); the floor
 of the scoring is its logits read, printed beside it. Writes $OUT/results/kernels-selection-probe.json."""
-import math
-
 import torch
 
 from kernels.select import radix_topk, selection_scores
