@@ -121,6 +121,75 @@ if triton is not None:
         return m_new, l_i, acc
 
     @triton.jit
+    def _sparse_tile_packed(j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr,
+                            req, count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt,
+                            s_vh, s_vd, s_ib, s_ik, s_tb, BLOCK_SIZE: tl.constexpr,
+                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            KV_HEADS: tl.constexpr, PRECISION: tl.constexpr):
+        """`_sparse_tile` for every KV head at once (one selection shared by the KV heads): the
+        tile's rows are all the query heads (row ``m`` is head ``m``, of KV head ``grp[m]``). Each
+        entry's index, page and offset are resolved once, and the K/V rows of all KV heads at that
+        slot (adjacent in the pool) are gathered together. Scores come from one dot per KV head
+        with the other heads' query rows zeroed, chained through the accumulator: a row gets its
+        own head's products plus exact zeros, so its score, softmax and values are the bits the
+        one-KV-head tile computes."""
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_valid = offs_d < HEAD_DIM
+        j = j0 + offs_n
+        n_valid = j < end
+        is_sel = n_valid & (j < count)
+        sel = tl.load(idx_ptr + req * s_ib + j * s_ik, mask=is_sel, other=0)
+        pos = tl.where(is_sel, sel, base + (j - count))
+        pos = tl.where(n_valid, pos, 0)
+        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
+        off = pos % BLOCK_SIZE
+        row_k = page.to(tl.int64) * s_kb + off * s_kt
+        row_v = page.to(tl.int64) * s_vb + off * s_vt
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        zero_q = tl.zeros_like(q_tile)
+        s = tl.zeros([q_tile.shape[0], BLOCK_N], dtype=tl.float32)
+        for g in tl.static_range(KV_HEADS):
+            k_g = tl.load(k_ptr + row_k[:, None] + g * s_kh + offs_d[None, :] * s_kd,
+                          mask=kv_mask, other=0.0)
+            q_g = tl.where((grp == g)[:, None], q_tile, zero_q)
+            s = tl.dot(q_g, tl.trans(k_g), s, input_precision=PRECISION)
+        s = s * scale
+        s = tl.where(n_valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p_lo = p.to(q_tile.dtype)
+        zero_p = tl.zeros_like(p_lo)
+        pv = tl.zeros([q_tile.shape[0], BLOCK_D], dtype=tl.float32)
+        for g in tl.static_range(KV_HEADS):
+            v_g = tl.load(v_ptr + row_v[:, None] + g * s_vh + offs_d[None, :] * s_vd,
+                          mask=kv_mask, other=0.0)
+            pv = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, pv,
+                        input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        return m_new, l_i, acc
+
+    @triton.jit
+    def _tile_step(j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
+                   count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
+                   s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, KV_HEADS: tl.constexpr,
+                   PACKED: tl.constexpr, PRECISION: tl.constexpr):
+        if PACKED:
+            m_i, l_i, acc = _sparse_tile_packed(
+                j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, count,
+                base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_ib, s_ik,
+                s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, KV_HEADS, PRECISION)
+        else:
+            m_i, l_i, acc = _sparse_tile(
+                j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
+                count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
+                s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+        return m_i, l_i, acc
+
+    @triton.jit
     def _sparse_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
             tables_ptr, ctx_ptr, idx_ptr, cnt_ptr, tail_ptr, scale, num_splits,
@@ -131,11 +200,13 @@ if triton is not None:
             s_ib, s_ig, s_ik,
             s_tb,
             BLOCK_SIZE: tl.constexpr,
-            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, SPLIT: tl.constexpr,
+            GROUP: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            SPLIT: tl.constexpr, PACKED: tl.constexpr,
             PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
-        are the rows of the BLOCK_M tile. Without SPLIT (num_splits == 1) it writes ``out``; with it,
+        are the rows of the BLOCK_M tile; PACKED (one selection for every KV head): one request x one
+        split, all query heads in the tile (`_sparse_tile_packed`), grid axis 1 of size 1. Without SPLIT (num_splits == 1) it writes ``out``; with it,
         the unnormalised accumulator and (max, sum) of its chunk go to the partial buffers
         (``part_acc [B, H, S, BLOCK_D]``, ``part_ml [B, H, S, 2]``, contiguous float32). num_splits
         is a runtime value so that batch-size-dependent choices do not recompile."""
@@ -150,8 +221,13 @@ if triton is not None:
 
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        head = kvh * GROUP + offs_m
-        m_valid = offs_m < GROUP
+        if PACKED:
+            head = offs_m
+            m_valid = offs_m < GROUP * KV_HEADS
+        else:
+            head = kvh * GROUP + offs_m
+            m_valid = offs_m < GROUP
+        grp = head // GROUP
         d_valid = offs_d < HEAD_DIM
         q_tile = tl.load(q_ptr + req * s_qb + head[:, None] * s_qh + offs_d[None, :] * s_qd,
                          mask=m_valid[:, None] & d_valid[None, :], other=0.0)
@@ -172,17 +248,19 @@ if triton is not None:
             # (its __index__ calls int() on a 1-element array); a while loop evaluates the same.
             j0 = start
             while j0 < end:
-                m_i, l_i, acc = _sparse_tile(
-                    j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
+                m_i, l_i, acc = _tile_step(
+                    j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, KV_HEADS,
+                    PACKED, PRECISION)
                 j0 += BLOCK_N
         else:
             for j0 in range(start, end, BLOCK_N):
-                m_i, l_i, acc = _sparse_tile(
-                    j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
+                m_i, l_i, acc = _tile_step(
+                    j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                     count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, PRECISION)
+                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, KV_HEADS,
+                    PACKED, PRECISION)
 
         if not SPLIT:
             l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -190,7 +268,7 @@ if triton is not None:
             tl.store(out_ptr + req * s_ob + head[:, None] * s_oh + offs_d[None, :] * s_od,
                      o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
         else:
-            row = (req * (GROUP * tl.num_programs(1)) + head).to(tl.int64) * num_splits + split
+            row = (req * (GROUP * KV_HEADS) + head).to(tl.int64) * num_splits + split
             tl.store(part_acc_ptr + row[:, None] * BLOCK_D + offs_d[None, :], acc,
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
@@ -225,6 +303,17 @@ def _interpreting() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+# One program for all the KV heads of a request when they share one selection (`_sparse_tile_packed`)
+# and the query heads fit a tile of at most MAX_PACKED_HEADS rows; False: a program per KV head.
+PACK_KV_HEADS = True
+MAX_PACKED_HEADS = 16
+
+
+def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
+    """Whether `sparse_attention` takes every KV head of a request in one program."""
+    return PACK_KV_HEADS and groups == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
+
+
 def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
     """Splits per (request, KV head): fill about one wave of resident programs (~4 per SM at
     d = 128, ~6 at d <= 64, from a split sweep on the H200; going past a wave costs a second,
@@ -237,14 +326,15 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
         return 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per_sm = 6 if q.shape[-1] <= 64 else 4
-    want = (per_sm * sms) // max(1, batch * kv_heads)
+    want = (per_sm * sms) // max(1, batch * kv_heads)    # kv_heads 1 when packed
     cap = max(1, triton.cdiv(max_selected, 2 * block_n))
     return int(max(1, min(want, cap, 64)))
 
 
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
-                     num_warps: int = 4, num_stages: int | None = None):
+                     num_warps: int = 4, num_stages: int | None = None,
+                     packed: bool | None = None):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
@@ -258,7 +348,11 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     7 % (`sweep: order_tune`, bench/results/kernels-2026-12-01-h200-order.json). The same run
     measured no gain from a grid with the KV head first (14.7 / 57.0 us either way) and, at head
     dim 64, none from slot-addressed selections that skip the block-table load (15.1 us; at 128
-    they matched 4 stages, 52.4), so neither was kept."""
+    they matched 4 stages, 52.4), so neither was kept.
+
+    ``packed``: one program per (request, split) for all KV heads (valid only with one shared
+    selection, ``G = 1``); None: `packs_kv_heads`. The output has the bits of the per-KV-head
+    programs for the same ``block_n`` and split count (`_sparse_tile_packed`)."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -269,13 +363,18 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     if groups not in (1, kv_heads):
         raise ValueError(f"indices must have 1 or kv_heads={kv_heads} groups, got {groups}")
     group = heads // kv_heads
+    if packed is None:
+        packed = packs_kv_heads(heads, kv_heads, groups)
+    elif packed and groups != 1:
+        raise ValueError("packed sparse attention needs one selection shared by the KV heads (G = 1)")
     out = torch.empty_like(q)
     if batch == 0:
         return out
+    programs = 1 if packed else kv_heads      # per (request, split)
     if num_splits is None:
-        num_splits = _auto_splits(q, batch, kv_heads, indices.shape[2], block_n)
+        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n)
     num_splits = max(1, int(num_splits))
-    block_m = max(16, triton.next_power_of_2(group))
+    block_m = max(16, triton.next_power_of_2(heads if packed else group))
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     if num_splits > 1:
@@ -290,13 +389,14 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
     # and offset are then arithmetic by a known constant, not a runtime integer division
     # (bench/NOTES.md, version 33).
-    _sparse_attention_kernel[(batch, kv_heads, num_splits)](
+    _sparse_attention_kernel[(batch, programs, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_ml,
         block_tables, context_lens, indices, index_counts, tail_start, float(scale), num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
-        GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        SPLIT=num_splits > 1, PRECISION=precision, INTERPRET=_interpreting(),
+        GROUP=group, KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=block_d, SPLIT=num_splits > 1, PACKED=bool(packed), PRECISION=precision,
+        INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device))
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](

@@ -52,6 +52,10 @@
 #   rlinear  qkv then the rotary kernel against the rotary as qkv's epilogue (bench linear)
 #   rab      e2e greedy vanilla / stream / vegas with the rotary as qkv's epilogue, then with the
 #            rotary kernel (--no-rotary-epilogue); rab-epilogue / rab-kernel run one of the two
+#   sptests  sparse_attention's tests compiled (the packed program's bits against the per-KV-head
+#            programs')
+#   packab   e2e greedy vanilla / stream / vegas with the KV heads of a shared draft selection in
+#            one program, then one program per KV head (--no-packed-sparse), each twice, alternated
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -117,7 +121,7 @@ for stage in "$@"; do
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
-    sparse) mkdir -p "$OUT/results/sparse"; TAIL=12 step sparse 200 python3 -m vegas_core.bench kernels \
+    sparse) mkdir -p "$OUT/results/sparse"; TAIL=24 step sparse 300 python3 -m vegas_core.bench kernels \
               --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune --out "$OUT/results/sparse" ;;
     sampling) TAIL=14 step sampling 200 python3 -m vegas_core.bench sampling --ways 4 --warps 8 16 --out "$OUT/results" ;;
     e2e) TAIL=22 step e2e 330 "${E2E[@]}" ${E2E_ARGS:-} ;;
@@ -173,6 +177,12 @@ for stage in "$@"; do
              mkdir -p "$OUT/results/rab-$v"; TAIL=8 step "rab-$v" 280 "${E2E[@]}" --methods vanilla stream vegas \
                --sampling greedy --out "$OUT/results/rab-$v" $flag ${E2E_ARGS:-}
            done ;;
+    sptests) TAIL=6 step sptests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sparse_attention.py ;;
+    packab) for v in packed-1 single-1 packed-2 single-2; do
+              flag=""; [ ${v%-*} = single ] && flag=--no-packed-sparse
+              mkdir -p "$OUT/results/packab-$v"; TAIL=8 step "packab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
+                --sampling greedy --out "$OUT/results/packab-$v" $flag ${E2E_ARGS:-}
+            done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -6,7 +6,10 @@ Tolerances: fp32 inputs; `out` must match the reference with atol = rtol = 1e-4 
 block_n); the reference must match the engine's maths with atol = rtol = 1e-5. Garbage in the padding
 of `indices` must leave the kernel's output bit-identical. bf16 inputs (GPU only: Triton 3.6's
 interpreter multiplies bf16 bit patterns as integers in tl.dot) must match the reference, which
-computes in float32 from the same bf16 inputs, with atol = rtol = 2e-2.
+computes in float32 from the same bf16 inputs, with atol = rtol = 2e-2. The packed path (one program
+for every KV head of a request) matches the reference as tightly; compiled on a GPU it must give the
+per-KV-head programs' bits (same tile and splits); under the interpreter numpy's float32 products
+depend on a row's place in the tile, so there only the tolerance holds.
 """
 import math
 import os
@@ -14,7 +17,8 @@ import os
 import pytest
 import torch
 
-from kernels.sparse_attention import sparse_attention, sparse_attention_reference
+import kernels.sparse_attention as sparse_module
+from kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
 from tests.kernels.paged import shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
@@ -129,6 +133,42 @@ def test_block_n_and_splits_independent():
         torch.testing.assert_close(out, ref, **TOL)
 
 
+PACKED_CASES = [  # (ctx_lens, tail_lens, counts, heads, kv_heads, head_dim): one shared selection
+    ([37, 70, 5], [3, 9, 1], [20, 0, 4], 6, 3, 16),        # GQA 2, ragged, an empty selection
+    ([50, 23], [5, 2], [33, 21], 9, 3, 32),                 # SmolLM2's grouping, full selection
+    ([45, 64, 19], [4, 1, 6], [9, 63, 0], 8, 2, 16),        # GQA 4, page multiples
+    ([41, 30], [7, 3], [34, 5], 4, 4, 16),                  # GQA 1: every row its own KV head
+]
+
+
+@pytest.mark.parametrize("ctx_lens,tail_lens,counts,heads,kv_heads,head_dim", PACKED_CASES)
+def test_packed_matches_reference(ctx_lens, tail_lens, counts, heads, kv_heads, head_dim):
+    """All KV heads of a request in one program: each row must take its own KV head's keys and
+    values only (a row reading another head's would be far off), split or not, any tile."""
+    args = make_case(ctx_lens, tail_lens, counts, heads, kv_heads, head_dim, seed=4)
+    ref = sparse_attention_reference(*args)
+    for block_n, splits in ((16, 1), (32, 1), (16, 3)):
+        out = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=True)
+        torch.testing.assert_close(out, ref, **TOL)
+
+
+def test_packing_rule(monkeypatch):
+    """Packed exactly for a shared selection over several KV heads whose query heads fit one tile;
+    never for per-KV-head selections; off with the switch."""
+    assert packs_kv_heads(9, 3, 1) and packs_kv_heads(16, 4, 1)
+    assert not packs_kv_heads(9, 3, 3)              # a set per KV head
+    assert not packs_kv_heads(8, 1, 1)              # one KV head: nothing to pack
+    assert not packs_kv_heads(32, 8, 1)             # 32 rows: more than MAX_PACKED_HEADS
+    monkeypatch.setattr(sparse_module, "PACK_KV_HEADS", False)
+    assert not packs_kv_heads(9, 3, 1)
+
+
+def test_packed_rejects_per_head_selections():
+    args = make_case([20], [2], [5], 6, 3, 16, per_head=True, max_k=8)
+    with pytest.raises(ValueError, match="shared"):
+        sparse_attention(*args, packed=True)
+
+
 def test_rejects_bad_group_count():
     args = list(make_case([20], [2], [5], 6, 3, 16, max_k=8))
     args[5] = args[5].expand(1, 2, 8).contiguous()                    # G = 2, neither 1 nor KVH = 3
@@ -163,7 +203,7 @@ def test_reference_matches_engine_maths(per_head):
 def test_realistic_shapes_on_gpu(dtype):
     """Model-sized heads (d = 64 and 128), a 2k-entry selection, automatic and forced splits."""
     tol = TOL if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
-    for heads, kv_heads, d, per_head in ((9, 3, 64, True), (32, 8, 128, False)):
+    for heads, kv_heads, d, per_head in ((9, 3, 64, True), (9, 3, 64, False), (32, 8, 128, False)):
         args = make_case([4100, 2600, 700], [9, 17, 3], [2048, 1500, 0], heads, kv_heads, d,
                          per_head=per_head, max_k=2048, seed=11, dtype=dtype)
         ref = sparse_attention_reference(*args)
@@ -171,3 +211,17 @@ def test_realistic_shapes_on_gpu(dtype):
             out = sparse_attention(*args, num_splits=splits)
             assert out.dtype == dtype
             torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="bit equality holds compiled (the interpreter's numpy "
+                                           "products depend on a row's place in the tile)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_gives_the_per_kv_head_bits_on_gpu(dtype):
+    """Compiled, a row's scores come from its own KV head's dot plus exact zeros, so the packed
+    program and the per-KV-head ones give the same bits for the same tile and split count."""
+    args = make_case([4100, 2600, 700, 33], [9, 17, 3, 1], [2048, 1500, 0, 20], 9, 3, 64,
+                     max_k=2048, seed=12, dtype=dtype)
+    for block_n, splits in ((32, 1), (32, 6), (16, 12), (64, 3)):
+        packed = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=True)
+        single = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=False)
+        assert torch.equal(packed, single), (block_n, splits)

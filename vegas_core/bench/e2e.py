@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="launch sizes of the selection's two kernels: the scoring's position tile "
                         "and warps, the radix top-k's chunk and warps (default: "
                         "kernels.select.SCORE_LAUNCH and TOPK_LAUNCH)")
+    p.add_argument("--no-packed-sparse", action="store_true",
+                   help="draft attention over a selection shared by the KV heads runs one program per "
+                        "KV head, not one for all of a request's (kernels.sparse_attention.PACK_KV_HEADS)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -405,7 +408,10 @@ def run(args, argv: list[str]) -> str:
     if args.no_rotary_epilogue:
         engine.core.runner.model.rotary_epilogue = False
     import kernels.select
+    import kernels.sparse_attention
     import kernels.verify_attention
+    if args.no_packed_sparse:
+        kernels.sparse_attention.PACK_KV_HEADS = False
     kernels.select.FUSED_SELECT = args.fused_select
     if args.select_launch:
         bn, w1, chunk, w2 = args.select_launch
@@ -468,6 +474,7 @@ def run(args, argv: list[str]) -> str:
                 select_launch=dict(scores=list(kernels.select.SCORE_LAUNCH),
                                    topk=list(kernels.select.TOPK_LAUNCH)),
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
+                packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "

@@ -16,8 +16,10 @@ Records:
   says which) over the same K/V stored contiguously, so it pays no paging;
 - the collection sweep (the paper's Figure 6): q_rows 2..16 at one shape, c2q and all-row overhead
   relative to no collection;
-- sparse_attention: a `sparsity` budget of random positions per (request, KV head) plus a tail of
-  `q_rows` entries; bytes = the gathered entries;
+- sparse_attention: a `sparsity` budget of random positions per (request, KV head), granularity
+  "kv-head", or one set shared by the KV heads, "layer" (Vegas's default; `packed` says whether one
+  program took all of a request's KV heads), plus a tail of `q_rows` entries; bytes = the gathered
+  entries;
 - selection: one whole model step (all layers): softmax re-materialisation + mean
   (`selection_scores`, one launch for every layer) and one top-k over c2q logits held in one
   [layers, rows, heads, context] buffer; `us_fused*` both in one launch
@@ -237,15 +239,18 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
 
 def sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
                   block_n: int = 32, num_splits: int | None = None, placement: str = "shuffled",
-                  layout: str = "token-major", **launch):
-    """`launch`: sparse_attention's other options (num_warps, num_stages), recorded as given."""
-    from kernels.sparse_attention import sparse_attention
+                  layout: str = "token-major", granularity: str = "kv-head", **launch):
+    """`launch`: sparse_attention's other options (num_warps, num_stages, packed), recorded as
+    given. `granularity` "kv-head": a selection per KV head; "layer": one shared by the KV heads
+    (Vegas's default), which the kernel may take in one program per request (`packed`)."""
+    from kernels.sparse_attention import packs_kv_heads, sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
                                    layout=layout)
     base = context - tail
     budget = max(1, math.ceil(sparsity * base))
-    score = torch.rand(batch, kvh, base, device=device)
+    groups = kvh if granularity == "kv-head" else 1
+    score = torch.rand(batch, groups, base, device=device)
     idx = torch.topk(score, budget, dim=-1).indices.sort(dim=-1).values.to(torch.int32)
     counts = torch.full((batch,), budget, dtype=torch.int32, device=device)
     tail_start = torch.full((batch,), base, dtype=torch.int32, device=device)
@@ -258,7 +263,8 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     torch.cuda.empty_cache()
     return dict(kernel="sparse_attention", shape=shape, batch=batch, context=context, q_rows=1,
                 heads=heads, kv_heads=kvh, head_dim=dim, collect="none", sparsity=sparsity,
-                budget=budget, tail=tail, granularity="kv-head", us=us, read_TBps=tbps,
+                budget=budget, tail=tail, granularity=granularity,
+                packed=launch.get("packed", packs_kv_heads(heads, kvh, groups)), us=us, read_TBps=tbps,
                 gathered_bytes=gathered, copy_fraction=tbps / copy_tbps, copy_TBps=copy_tbps,
                 block_n=block_n, num_splits=num_splits, launch=launch or None, placement=placement,
                 layout=layout, block_size=block_size)
@@ -267,17 +273,27 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
     """sparse_attention's tile (entries per step) and split count at one shape (records with
     `sweep: sparse_tune`; `num_splits` None is the automatic choice the engine uses)."""
+    from kernels.sparse_attention import packs_kv_heads
+    heads, kvh, _, _ = SHAPES[shape]
+    variants = [("kv-head", {})]
+    if packs_kv_heads(heads, kvh, 1):      # a shared selection: one program per KV head, or all
+        variants += [("layer", dict(packed=False)), ("layer", dict(packed=True))]
     out = []
-    for block_n in (16, 32, 64):
-        for splits in (None, 1, 2, 4, 8):
-            rec = sparse_record(shape, batch, context, sparsity, tail, block_size, device, copy_tbps,
-                                block_n=block_n, num_splits=splits)
-            rec["sweep"] = "sparse_tune"
-            out.append(rec)
-    best = min(out, key=lambda r: r["us"])
-    auto = next(r for r in out if r["block_n"] == 32 and r["num_splits"] is None)
-    print(f"sparse_tune {shape}: best block_n {best['block_n']} splits {best['num_splits']} "
-          f"{best['us']:.1f} us ({best['copy_fraction']:.0%} of copy); engine default {auto['us']:.1f} us")
+    for granularity, launch in variants:
+        trials = []
+        for block_n in (16, 32, 64):
+            for splits in (None, 1, 2, 4, 8, 12, 16):
+                rec = sparse_record(shape, batch, context, sparsity, tail, block_size, device,
+                                    copy_tbps, block_n=block_n, num_splits=splits,
+                                    granularity=granularity, **launch)
+                rec["sweep"] = "sparse_tune"
+                trials.append(rec)
+        best = min(trials, key=lambda r: r["us"])
+        auto = next(r for r in trials if r["block_n"] == 32 and r["num_splits"] is None)
+        print(f"sparse_tune {shape} {granularity} {launch or ''}: best block_n {best['block_n']} "
+              f"splits {best['num_splits']} {best['us']:.1f} us ({best['copy_fraction']:.0%} of copy); "
+              f"engine default {auto['us']:.1f} us")
+        out += trials
     return out
 
 
@@ -598,8 +614,9 @@ def run(args, argv: list[str]) -> str:
         records += verify_records(shape, batch, context, args.q_rows, args.block_size, device, copy_tbps,
                                   with_sdpa=True, config=_scaled(tuned.get(shape), batch, context,
                                                                  sweep_b, sweep_ctx))
-        records.append(sparse_record(shape, batch, context, args.sparsity, args.q_rows, args.block_size,
-                                     device, copy_tbps))
+        for granularity in ("kv-head", "layer"):
+            records.append(sparse_record(shape, batch, context, args.sparsity, args.q_rows,
+                                         args.block_size, device, copy_tbps, granularity=granularity))
         records.append(quest_record(shape, batch, context, args.block_size, device, copy_tbps))
         bar.update(1)
     for shape in args.shapes:
@@ -638,13 +655,14 @@ def _scaled(config, batch, context, tuned_batch, tuned_ctx):
 
 
 def _print(records, copy_tbps, device) -> None:
-    cols = ["kernel", "shape", "batch", "context", "rows", "collect", "us", "TB/s", "of copy", "SDPA us",
+    cols = ["kernel", "shape", "batch", "context", "rows", "collect/sel", "us", "TB/s", "of copy", "SDPA us",
             "SDPA/ours", "overhead"]
     rows = []
     for r in records:
         if r.get("sweep") or "us" not in r:
             continue
-        rows.append([r["kernel"], r["shape"], r["batch"], r["context"], r["q_rows"], r["collect"], r["us"],
+        kind = r.get("granularity", r["collect"]) if r["kernel"] == "sparse_attention" else r["collect"]
+        rows.append([r["kernel"], r["shape"], r["batch"], r["context"], r["q_rows"], kind, r["us"],
                      r["read_TBps"], r.get("copy_fraction"), r.get("sdpa_us"), r.get("vs_sdpa"),
                      r.get("collect_overhead")])
     common.print_table(f"kernels: {common.device_description(device)}, copy {copy_tbps:.2f} TB/s", cols, rows)
