@@ -35,6 +35,12 @@ small batches, as decode is bandwidth-bound) and a second small kernel merges th
 (max, sum, accumulator) states. ``num_splits=None`` picks one from the GPU's SM count and the
 shapes only (no host sync, CUDA-graph safe); on CPU / under the interpreter it is 1.
 
+Packed (``G = 1``, the KV heads sharing one selection, and at most ``MAX_PACKED_HEADS`` query heads):
+one program per (request, split) instead of per (request, KV head, split). Each entry's index, page
+and offset are then resolved once for all KV heads, the K/V rows of the KV heads at a slot (adjacent
+in the pool) are gathered together, and the softmax runs once over a tile whose rows are all the
+query heads (at SmolLM2's 9 / 3, 9 real rows of 16 instead of 3 of 16 in each of three programs).
+
 Committed measurements: `sparse_attention` records of `bench/results/kernels-2026-11-30-h200*.json`
 (`python -m vegas_core.bench kernels`). Where it is still slow: few, long, latency-bound gather
 chains per program at small batch (more splits help until about one wave of programs) and d = 64
