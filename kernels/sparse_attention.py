@@ -168,13 +168,14 @@ if triton is not None:
         l_i = l_i * alpha + tl.sum(p, axis=1)
         p_lo = p.to(q_tile.dtype)
         zero_p = tl.zeros_like(p_lo)
-        pv = tl.zeros([q_tile.shape[0], BLOCK_D], dtype=tl.float32)
+        # Into the rescaled accumulator, as the compiler fuses `acc * alpha + dot(p, v)` in
+        # `_sparse_tile` (a dot into a zero tile, added after, rounds differently).
+        acc = acc * alpha[:, None]
         for g in tl.static_range(KV_HEADS):
             v_g = tl.load(v_ptr + row_v[:, None] + g * s_vh + offs_d[None, :] * s_vd,
                           mask=kv_mask, other=0.0)
-            pv = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, pv,
-                        input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
+            acc = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, acc,
+                         input_precision=PRECISION)
         return m_new, l_i, acc
 
     @triton.jit

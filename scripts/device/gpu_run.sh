@@ -19,7 +19,8 @@
 #   ab2      e2e greedy: the engine as it is, then with the one-launch selection, then with PDL
 #            on verify_attention too, then both (vanilla / stream / vegas; specextend where
 #            selection moves)
-#   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table)
+#   sparse   sparse_attention's tile x split sweep at batch 64 x 8K (and that shape's kernel table);
+#            SHAPES="smollm2" for one head shape
 #   sampling the batched sampler, PyTorch (sort) vs the Triton threshold search, at 64 and 576 rows
 #   e2e      the full comparison: every method, greedy and model-card sampling, 256 tokens
 #   tune     the paper's three-step (gamma, sparsity) tuning per method, which e2e uses; at the e2e's
@@ -121,8 +122,9 @@ for stage in "$@"; do
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
                --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
-    sparse) mkdir -p "$OUT/results/sparse"; TAIL=24 step sparse 300 python3 -m vegas_core.bench kernels \
-              --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune --out "$OUT/results/sparse" ;;
+    sparse) mkdir -p "$OUT/results/sparse"; TAIL=24 step sparse 400 python3 -m vegas_core.bench kernels \
+              --shapes ${SHAPES:-smollm2 8b} --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune \
+              --out "$OUT/results/sparse" ;;
     sampling) TAIL=14 step sampling 200 python3 -m vegas_core.bench sampling --ways 4 --warps 8 16 --out "$OUT/results" ;;
     e2e) TAIL=22 step e2e 330 "${E2E[@]}" ${E2E_ARGS:-} ;;
     tune) TAIL=16 step tune 450 python3 -m vegas_core.bench tune --model "$VEGAS_DEVICE_MODEL" \
