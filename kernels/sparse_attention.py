@@ -321,20 +321,23 @@ def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
     return PACK_KV_HEADS and groups == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
 
 
-def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
-    """Splits per (request, KV head): fill about one wave of resident programs (~4 per SM at
-    d = 128, ~6 at d <= 64, from a split sweep on the H200; going past a wave costs a second,
-    mostly idle one),
-    each split keeping >= 2 tiles of the index capacity ``K``. Uses shapes only (no host sync, so
-    CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
+def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int,
+                 packed: bool = False) -> int:
+    """Splits per (request, KV head), or per request when packed (``kv_heads`` 1 then): fill
+    about one wave of resident programs (~4 per SM at d = 128, ~6 at d <= 64, from a split sweep
+    on the H200; going past a wave costs a second, mostly idle one), each split keeping >= 2 tiles
+    of the index capacity ``K`` (>= 1 packed: at batch 64 x 8K, 7 %, 12 splits of a packed
+    program took 12.0 us against 13.0 with 9, `sweep: sparse_tune` in
+    bench/results/kernels-2026-12-03-h200-sparse-packed.json). Uses shapes only (no host sync,
+    so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
     K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
     B <= 4."""
     if not q.is_cuda or _interpreting():
         return 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per_sm = 6 if q.shape[-1] <= 64 else 4
-    want = (per_sm * sms) // max(1, batch * kv_heads)    # kv_heads 1 when packed
-    cap = max(1, triton.cdiv(max_selected, 2 * block_n))
+    want = (per_sm * sms) // max(1, batch * kv_heads)
+    cap = max(1, triton.cdiv(max_selected, (1 if packed else 2) * block_n))
     return int(max(1, min(want, cap, 64)))
 
 
@@ -379,7 +382,7 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         return out
     programs = 1 if packed else kv_heads      # per (request, split)
     if num_splits is None:
-        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n)
+        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n, packed)
     num_splits = max(1, int(num_splits))
     block_m = max(16, triton.next_power_of_2(heads if packed else group))
     block_d = max(16, triton.next_power_of_2(dim))

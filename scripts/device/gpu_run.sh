@@ -57,6 +57,7 @@
 #            programs')
 #   packab   e2e greedy vanilla / stream / vegas with the KV heads of a shared draft selection in
 #            one program, then one program per KV head (--no-packed-sparse), each twice, alternated
+#            (PACKAB="single-1 packed-1" for other runs)
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -180,7 +181,7 @@ for stage in "$@"; do
                --sampling greedy --out "$OUT/results/rab-$v" $flag ${E2E_ARGS:-}
            done ;;
     sptests) TAIL=6 step sptests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sparse_attention.py ;;
-    packab) for v in packed-1 single-1 packed-2 single-2; do
+    packab) for v in ${PACKAB:-packed-1 single-1 packed-2 single-2}; do
               flag=""; [ ${v%-*} = single ] && flag=--no-packed-sparse
               mkdir -p "$OUT/results/packab-$v"; TAIL=8 step "packab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
                 --sampling greedy --out "$OUT/results/packab-$v" $flag ${E2E_ARGS:-}
