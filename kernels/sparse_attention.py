@@ -137,8 +137,14 @@ if triton is not None:
         entry's index, page and offset are resolved once, and the K/V rows of all KV heads at that
         slot (adjacent in the pool) are gathered together. Scores come from one dot per KV head
         with the other heads' query rows zeroed, chained through the accumulator: a row gets its
-        own head's products plus exact zeros, so its score, softmax and values are the bits the
-        one-KV-head tile computes."""
+        own head's products plus exact zeros, the scores `_sparse_tile` computes.
+
+        The values go into a zeroed tile, added to the rescaled accumulator after. Compiled, that
+        is not `_sparse_tile`'s bits: there the compiler fuses `acc * alpha + dot(p, v)` into one
+        dot into the rescaled accumulator. Written that way here (the same bits, checked on the
+        H200), the three dots into the accumulator made vegas's drafting slower than one program
+        per KV head (10.04 against 9.86 ms an iteration, bench/NOTES.md version 44); this way it
+        is faster (9.68 against 9.88), and equal to the reference within the tests' tolerance."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
@@ -168,14 +174,13 @@ if triton is not None:
         l_i = l_i * alpha + tl.sum(p, axis=1)
         p_lo = p.to(q_tile.dtype)
         zero_p = tl.zeros_like(p_lo)
-        # Into the rescaled accumulator, as the compiler fuses `acc * alpha + dot(p, v)` in
-        # `_sparse_tile` (a dot into a zero tile, added after, rounds differently).
-        acc = acc * alpha[:, None]
+        pv = tl.zeros([q_tile.shape[0], BLOCK_D], dtype=tl.float32)
         for g in tl.static_range(KV_HEADS):
             v_g = tl.load(v_ptr + row_v[:, None] + g * s_vh + offs_d[None, :] * s_vd,
                           mask=kv_mask, other=0.0)
-            acc = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, acc,
-                         input_precision=PRECISION)
+            pv = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, pv,
+                        input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
         return m_new, l_i, acc
 
     @triton.jit
@@ -321,15 +326,16 @@ def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
     return PACK_KV_HEADS and groups == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
 
 
-def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int,
-                 packed: bool = False) -> int:
+def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
     """Splits per (request, KV head), or per request when packed (``kv_heads`` 1 then): fill
     about one wave of resident programs (~4 per SM at d = 128, ~6 at d <= 64, from a split sweep
     on the H200; going past a wave costs a second, mostly idle one), each split keeping >= 2 tiles
-    of the index capacity ``K`` (>= 1 packed: at batch 64 x 8K, 7 %, 12 splits of a packed
-    program took 12.0 us against 13.0 with 9, `sweep: sparse_tune` in
-    bench/results/kernels-2026-12-03-h200-sparse-packed.json). Uses shapes only (no host sync,
-    so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
+    of the index capacity ``K``. (Packed, 12 splits of one tile or more took 12.0 us against 13.0
+    with the 9 of this rule in isolation, at batch 64 x 8K and 7 %, `sweep: sparse_tune` in
+    bench/results/kernels-2026-12-03-h200-sparse-packed.json. End to end they were measured
+    only together with another change that slowed drafting, bench/NOTES.md version 44, so the
+    rule stays the one measured end to end, the same for both.)
+    Uses shapes only (no host sync, so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
     K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
     B <= 4."""
     if not q.is_cuda or _interpreting():
@@ -337,7 +343,7 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int,
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per_sm = 6 if q.shape[-1] <= 64 else 4
     want = (per_sm * sms) // max(1, batch * kv_heads)
-    cap = max(1, triton.cdiv(max_selected, (1 if packed else 2) * block_n))
+    cap = max(1, triton.cdiv(max_selected, 2 * block_n))
     return int(max(1, min(want, cap, 64)))
 
 
@@ -361,8 +367,8 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     they matched 4 stages, 52.4), so neither was kept.
 
     ``packed``: one program per (request, split) for all KV heads (valid only with one shared
-    selection, ``G = 1``); None: `packs_kv_heads`. The output has the bits of the per-KV-head
-    programs for the same ``block_n`` and split count (`_sparse_tile_packed`)."""
+    selection, ``G = 1``); None: `packs_kv_heads`. Compiled, the output can differ from the
+    per-KV-head programs' in the last bit (`_sparse_tile_packed` says why)."""
     if triton is None:
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
@@ -382,7 +388,7 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         return out
     programs = 1 if packed else kv_heads      # per (request, split)
     if num_splits is None:
-        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n, packed)
+        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n)
     num_splits = max(1, int(num_splits))
     block_m = max(16, triton.next_power_of_2(heads if packed else group))
     block_d = max(16, triton.next_power_of_2(dim))

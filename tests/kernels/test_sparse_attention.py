@@ -7,9 +7,9 @@ block_n); the reference must match the engine's maths with atol = rtol = 1e-5. G
 of `indices` must leave the kernel's output bit-identical. bf16 inputs (GPU only: Triton 3.6's
 interpreter multiplies bf16 bit patterns as integers in tl.dot) must match the reference, which
 computes in float32 from the same bf16 inputs, with atol = rtol = 2e-2. The packed path (one program
-for every KV head of a request) matches the reference as tightly; compiled on a GPU it must give the
-per-KV-head programs' bits (same tile and splits); under the interpreter numpy's float32 products
-depend on a row's place in the tile, so there only the tolerance holds.
+for every KV head of a request) matches the reference as tightly, and compiled on a GPU the
+per-KV-head programs within atol = rtol = 1e-2 in bf16 (one bf16 step) and 1e-5 in float32: not bit
+for bit (kernels/sparse_attention.py, `_sparse_tile_packed`).
 """
 import math
 import os
@@ -213,15 +213,16 @@ def test_realistic_shapes_on_gpu(dtype):
             torch.testing.assert_close(out, ref, **tol)
 
 
-@pytest.mark.skipif(DEVICE == "cpu", reason="bit equality holds compiled (the interpreter's numpy "
-                                           "products depend on a row's place in the tile)")
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is wrong for bf16")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_packed_gives_the_per_kv_head_bits_on_gpu(dtype):
-    """Compiled, a row's scores come from its own KV head's dot plus exact zeros, so the packed
-    program and the per-KV-head ones give the same bits for the same tile and split count."""
+def test_packed_is_close_to_the_per_kv_head_programs_on_gpu(dtype):
+    """Compiled, the packed program and the per-KV-head ones differ only in rounding (the latter's
+    values go into the rescaled accumulator inside the dot): within one bf16 step, or float32
+    rounding, of each other at every tile and split count."""
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
     args = make_case([4100, 2600, 700, 33], [9, 17, 3, 1], [2048, 1500, 0, 20], 9, 3, 64,
                      max_k=2048, seed=12, dtype=dtype)
     for block_n, splits in ((32, 1), (32, 6), (16, 12), (64, 3)):
         packed = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=True)
         single = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=False)
-        assert torch.equal(packed, single), (block_n, splits)
+        torch.testing.assert_close(packed, single, **tol)
