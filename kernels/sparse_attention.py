@@ -92,6 +92,28 @@ def sparse_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
 if triton is not None:
 
     @triton.jit
+    def _entry_slots(j0, idx_ptr, tables_ptr, req, set_off, count, base, end, s_ik, s_tb,
+                     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Entries ``[j0, j0 + BLOCK_N)`` of the virtual list (the selected set at ``set_off``, then
+        the tail), clipped to ``end``: which are real, and each one's (page, offset) in the pool."""
+        j = j0 + tl.arange(0, BLOCK_N)
+        n_valid = j < end
+        is_sel = n_valid & (j < count)
+        sel = tl.load(idx_ptr + set_off + j * s_ik, mask=is_sel, other=0)
+        pos = tl.where(is_sel, sel, base + (j - count))
+        pos = tl.where(n_valid, pos, 0)
+        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
+        return n_valid, page.to(tl.int64), pos % BLOCK_SIZE
+
+    @triton.jit
+    def _softmax_step(s, m_i, l_i):
+        """Online softmax over one tile's scores: (new max, rescale of the old state, weights, sum)."""
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        return m_new, alpha, p, l_i * alpha + tl.sum(p, axis=1)
+
+    @triton.jit
     def _sparse_tile(j0, q_tile, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, kvh,
                      count, base, end, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
                      s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE: tl.constexpr,
@@ -100,29 +122,19 @@ if triton is not None:
         """Entries ``[j0, j0 + BLOCK_N)`` of the virtual list (selected, then tail), clipped to
         ``end``: resolve positions, gather K/V through the block table, score, fold into the
         online-softmax state (m_i, l_i, acc)."""
-        offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
-        j = j0 + offs_n
-        n_valid = j < end
-        is_sel = n_valid & (j < count)
-        sel = tl.load(idx_ptr + req * s_ib + kvh * s_ig + j * s_ik, mask=is_sel, other=0)
-        pos = tl.where(is_sel, sel, base + (j - count))
-        pos = tl.where(n_valid, pos, 0)
-        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
-        off = pos % BLOCK_SIZE
-        base_k = page.to(tl.int64) * s_kb + off * s_kt + kvh * s_kh
-        base_v = page.to(tl.int64) * s_vb + off * s_vt + kvh * s_vh
+        n_valid, page, off = _entry_slots(j0, idx_ptr, tables_ptr, req, req * s_ib + kvh * s_ig,
+                                          count, base, end, s_ik, s_tb, BLOCK_SIZE, BLOCK_N)
+        base_k = page * s_kb + off * s_kt + kvh * s_kh
+        base_v = page * s_vb + off * s_vt + kvh * s_vh
         kv_mask = n_valid[:, None] & d_valid[None, :]
         k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask, other=0.0)
         v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd, mask=kv_mask, other=0.0)
 
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         s = tl.where(n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = _softmax_step(s, m_i, l_i)
         acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision=PRECISION)
         return m_new, l_i, acc
 
@@ -145,19 +157,12 @@ if triton is not None:
         H200), the three dots into the accumulator made vegas's drafting slower than one program
         per KV head (10.04 against 9.86 ms an iteration, bench/NOTES.md version 44); this way it
         is faster (9.68 against 9.88), and equal to the reference within the tests' tolerance."""
-        offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
-        j = j0 + offs_n
-        n_valid = j < end
-        is_sel = n_valid & (j < count)
-        sel = tl.load(idx_ptr + req * s_ib + j * s_ik, mask=is_sel, other=0)
-        pos = tl.where(is_sel, sel, base + (j - count))
-        pos = tl.where(n_valid, pos, 0)
-        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
-        off = pos % BLOCK_SIZE
-        row_k = page.to(tl.int64) * s_kb + off * s_kt
-        row_v = page.to(tl.int64) * s_vb + off * s_vt
+        n_valid, page, off = _entry_slots(j0, idx_ptr, tables_ptr, req, req * s_ib, count, base,
+                                          end, s_ik, s_tb, BLOCK_SIZE, BLOCK_N)
+        row_k = page * s_kb + off * s_kt
+        row_v = page * s_vb + off * s_vt
         kv_mask = n_valid[:, None] & d_valid[None, :]
         zero_q = tl.zeros_like(q_tile)
         s = tl.zeros([q_tile.shape[0], BLOCK_N], dtype=tl.float32)
@@ -168,10 +173,7 @@ if triton is not None:
             s = tl.dot(q_g, tl.trans(k_g), s, input_precision=PRECISION)
         s = s * scale
         s = tl.where(n_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = _softmax_step(s, m_i, l_i)
         p_lo = p.to(q_tile.dtype)
         zero_p = tl.zeros_like(p_lo)
         pv = tl.zeros([q_tile.shape[0], BLOCK_D], dtype=tl.float32)
