@@ -58,6 +58,8 @@
 #   packab   e2e greedy vanilla / stream / vegas with the KV heads of a shared draft selection in
 #            one program, then one program per KV head (--no-packed-sparse), each twice, alternated
 #            (PACKAB="single-1 packed-1" for other runs)
+#   fmab     e2e greedy vanilla / stream / vegas with a draft's split merge in its last split
+#            (--sparse-fused-merge), then with the merge kernel, each twice, alternated
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -186,6 +188,11 @@ for stage in "$@"; do
               mkdir -p "$OUT/results/packab-$v"; TAIL=8 step "packab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
                 --sampling greedy --out "$OUT/results/packab-$v" $flag ${E2E_ARGS:-}
             done ;;
+    fmab) for v in fused-1 kernel-1 fused-2 kernel-2; do
+            flag=""; [ ${v%-*} = fused ] && flag=--sparse-fused-merge
+            mkdir -p "$OUT/results/fmab-$v"; TAIL=8 step "fmab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
+              --sampling greedy --out "$OUT/results/fmab-$v" $flag ${E2E_ARGS:-}
+          done ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

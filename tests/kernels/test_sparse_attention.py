@@ -19,6 +19,7 @@ import torch
 
 import kernels.sparse_attention as sparse_module
 from kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
+from kernels.split_merge import arrival_counters
 from tests.kernels.paged import shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
@@ -169,6 +170,18 @@ def test_packed_rejects_per_head_selections():
         sparse_attention(*args, packed=True)
 
 
+@pytest.mark.parametrize("per_head", [False, True])
+def test_fused_merge_matches_reference(per_head):
+    """The last split to finish merges (no merge kernel): the reference's output, also with empty
+    trailing splits (8 splits of a short list), and the arrival counters are zero again after."""
+    args = make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 9, 3, 16, per_head=per_head, seed=8)
+    ref = sparse_attention_reference(*args)
+    for block_n, splits in ((16, 3), (16, 8), (32, 2)):
+        out = sparse_attention(*args, block_n=block_n, num_splits=splits, fused_merge=True)
+        torch.testing.assert_close(out, ref, **TOL)
+        assert int(arrival_counters(out.device, 1).abs().sum()) == 0
+
+
 def test_rejects_bad_group_count():
     args = list(make_case([20], [2], [5], 6, 3, 16, max_k=8))
     args[5] = args[5].expand(1, 2, 8).contiguous()                    # G = 2, neither 1 nor KVH = 3
@@ -207,8 +220,8 @@ def test_realistic_shapes_on_gpu(dtype):
         args = make_case([4100, 2600, 700], [9, 17, 3], [2048, 1500, 0], heads, kv_heads, d,
                          per_head=per_head, max_k=2048, seed=11, dtype=dtype)
         ref = sparse_attention_reference(*args)
-        for splits in (None, 1, 8):
-            out = sparse_attention(*args, num_splits=splits)
+        for splits, fused in ((None, False), (1, False), (8, False), (None, True), (8, True)):
+            out = sparse_attention(*args, num_splits=splits, fused_merge=fused)
             assert out.dtype == dtype
             torch.testing.assert_close(out, ref, **tol)
 

@@ -82,6 +82,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-packed-sparse", action="store_true",
                    help="draft attention over a selection shared by the KV heads runs one program per "
                         "KV head, not one for all of a request's (kernels.sparse_attention.PACK_KV_HEADS)")
+    p.add_argument("--sparse-fused-merge", action="store_true",
+                   help="the last split of a draft's attention merges the splits, no merge kernel "
+                        "after (kernels.sparse_attention.FUSED_MERGE; off by default: not yet measured)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -412,6 +415,7 @@ def run(args, argv: list[str]) -> str:
     import kernels.verify_attention
     if args.no_packed_sparse:
         kernels.sparse_attention.PACK_KV_HEADS = False
+    kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
     kernels.select.FUSED_SELECT = args.fused_select
     if args.select_launch:
         bn, w1, chunk, w2 = args.select_launch
@@ -475,6 +479,7 @@ def run(args, argv: list[str]) -> str:
                                    topk=list(kernels.select.TOPK_LAUNCH)),
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
+                sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
