@@ -193,6 +193,7 @@ if triton is not None:
                    s_ib, s_ig, s_ik, s_tb, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, KV_HEADS: tl.constexpr,
                    PACKED: tl.constexpr, PRECISION: tl.constexpr):
+        """One tile of entries, by the program's kind: all KV heads (PACKED) or one."""
         if PACKED:
             m_i, l_i, acc = _sparse_tile_packed(
                 j0, q_tile, grp, m_i, l_i, acc, k_ptr, v_ptr, idx_ptr, tables_ptr, req, count,
@@ -352,8 +353,8 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
     with the 9 of this rule in isolation, at batch 64 x 8K and 7 %, `sweep: sparse_tune` in
     bench/results/kernels-2026-12-03-h200-sparse-packed.json. End to end they were measured
     only together with another change that slowed drafting, bench/NOTES.md version 44, so the
-    rule stays the one measured end to end, the same for both.)
-    Uses shapes only (no host sync, so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
+    rule stays the one measured end to end, the same for both.) Uses shapes only (no host sync,
+    so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
     K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
     B <= 4."""
     if not q.is_cuda or _interpreting():
