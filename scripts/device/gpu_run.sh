@@ -75,6 +75,15 @@ step() { local name=$1 limit=$2; shift 2; echo "== $name" | tee -a "$OUT/run.log
   grep -v '%|' "$OUT/step.log" | tail -n "${TAIL:-25}"; rm -f "$OUT/step.log"; }
 E2E=(python3 -m vegas_core.bench e2e --model "$VEGAS_DEVICE_MODEL" --workload long-input --batch 64
      --out "$OUT/results")
+# An e2e A/B, greedy vanilla / stream / vegas: `ab NAME LIMIT KIND FLAG VARIANTS...` runs each
+# variant (KIND-1, other-2, ...: the part before "-" names it) into results/NAME-VARIANT, with FLAG
+# where that part is KIND.
+ab() { local name=$1 limit=$2 kind=$3 flag=$4 v f; shift 4
+  for v in "$@"; do
+    f=""; [ "${v%-*}" = "$kind" ] && f=$flag
+    mkdir -p "$OUT/results/$name-$v"; TAIL=8 step "$name-$v" "$limit" "${E2E[@]}" --methods vanilla stream vegas \
+      --sampling greedy --out "$OUT/results/$name-$v" $f ${E2E_ARGS:-}
+  done; }
 for stage in "$@"; do
   case $stage in
     tests) TAIL=30 step tests 400 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sort.py tests/kernels/test_fused.py \
@@ -177,22 +186,10 @@ for stage in "$@"; do
              --ops qkv qkv_rotary --out "$OUT/results/linear" ;;
     rab|rab-epilogue|rab-kernel)
            [ $stage = rab ] && variants="epilogue kernel" || variants=${stage#rab-}
-           for v in $variants; do
-             flag=""; [ $v = kernel ] && flag=--no-rotary-epilogue
-             mkdir -p "$OUT/results/rab-$v"; TAIL=8 step "rab-$v" 280 "${E2E[@]}" --methods vanilla stream vegas \
-               --sampling greedy --out "$OUT/results/rab-$v" $flag ${E2E_ARGS:-}
-           done ;;
+           ab rab 280 kernel --no-rotary-epilogue $variants ;;
     sptests) TAIL=6 step sptests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sparse_attention.py ;;
-    packab) for v in ${PACKAB:-packed-1 single-1 packed-2 single-2}; do
-              flag=""; [ ${v%-*} = single ] && flag=--no-packed-sparse
-              mkdir -p "$OUT/results/packab-$v"; TAIL=8 step "packab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
-                --sampling greedy --out "$OUT/results/packab-$v" $flag ${E2E_ARGS:-}
-            done ;;
-    fmab) for v in fused-1 kernel-1 fused-2 kernel-2; do
-            flag=""; [ ${v%-*} = fused ] && flag=--sparse-fused-merge
-            mkdir -p "$OUT/results/fmab-$v"; TAIL=8 step "fmab-$v" 200 "${E2E[@]}" --methods vanilla stream vegas \
-              --sampling greedy --out "$OUT/results/fmab-$v" $flag ${E2E_ARGS:-}
-          done ;;
+    packab) ab packab 200 single --no-packed-sparse ${PACKAB:-packed-1 single-1 packed-2 single-2} ;;
+    fmab) ab fmab 200 fused --sparse-fused-merge fused-1 kernel-1 fused-2 kernel-2 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
