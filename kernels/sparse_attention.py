@@ -338,6 +338,9 @@ MAX_PACKED_HEADS = 16
 # The last split to finish merges the splits (`kernels.split_merge`) instead of a merge kernel
 # launched after. Off: not yet measured end to end (`bench e2e --sparse-fused-merge`).
 FUSED_MERGE = False
+# Each split keeps at least this many tiles of the index capacity (`_auto_splits`); 2 is the rule
+# measured end to end (`bench e2e --sparse-split-tiles` for the A/B).
+MIN_TILES_PER_SPLIT = 2
 
 
 def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
@@ -348,9 +351,9 @@ def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
 def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
     """Splits per (request, KV head), or per request when packed (``kv_heads`` 1 then): fill
     about one wave of resident programs (~4 per SM at d = 128, ~6 at d <= 64, from a split sweep
-    on the H200; going past a wave costs a second, mostly idle one), each split keeping >= 2 tiles
-    of the index capacity ``K``. (Packed, 12 splits of one tile or more took 12.0 us against 13.0
-    with the 9 of this rule in isolation, at batch 64 x 8K and 7 %, `sweep: sparse_tune` in
+    on the H200; going past a wave costs a second, mostly idle one), each split keeping at least
+    ``MIN_TILES_PER_SPLIT`` (2) tiles of the index capacity ``K``. (Packed, 12 splits of one tile
+    or more took 12.0 us against 13.0 with the 9 of this rule in isolation, at batch 64 x 8K and 7 %, `sweep: sparse_tune` in
     bench/results/kernels-2026-12-03-h200-sparse-packed.json. End to end they were measured
     only together with another change that slowed drafting, bench/NOTES.md version 44, so the
     rule stays the one measured end to end, the same for both.) Uses shapes only (no host sync,
@@ -362,7 +365,7 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     per_sm = 6 if q.shape[-1] <= 64 else 4
     want = (per_sm * sms) // max(1, batch * kv_heads)
-    cap = max(1, triton.cdiv(max_selected, 2 * block_n))
+    cap = max(1, triton.cdiv(max_selected, MIN_TILES_PER_SPLIT * block_n))
     return int(max(1, min(want, cap, 64)))
 
 

@@ -60,6 +60,9 @@
 #            (PACKAB="single-1 packed-1" for other runs)
 #   fmab     e2e greedy vanilla / stream / vegas with a draft's split merge in its last split
 #            (--sparse-fused-merge), then with the merge kernel, each twice, alternated
+#   splitab  e2e greedy vanilla / stream / vegas with a draft's attention split down to one tile a
+#            split (--sparse-split-tiles 1: 12 splits packed at batch 64 x 8K), then the rule's two
+#            (9 splits), each twice, alternated
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -190,6 +193,7 @@ for stage in "$@"; do
     sptests) TAIL=6 step sptests 200 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_sparse_attention.py ;;
     packab) ab packab 200 single --no-packed-sparse ${PACKAB:-packed-1 single-1 packed-2 single-2} ;;
     fmab) ab fmab 200 fused --sparse-fused-merge fused-1 kernel-1 fused-2 kernel-2 ;;
+    splitab) ab splitab 200 t1 "--sparse-split-tiles 1" t1-1 t2-1 t1-2 t2-2 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -85,6 +85,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparse-fused-merge", action="store_true",
                    help="the last split of a draft's attention merges the splits, no merge kernel "
                         "after (kernels.sparse_attention.FUSED_MERGE; off by default: not yet measured)")
+    p.add_argument("--sparse-split-tiles", type=int, default=None, metavar="N",
+                   help="the fewest tiles of a draft's index capacity per split of its attention "
+                        "(kernels.sparse_attention.MIN_TILES_PER_SPLIT, default 2)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -416,6 +419,10 @@ def run(args, argv: list[str]) -> str:
     if args.no_packed_sparse:
         kernels.sparse_attention.PACK_KV_HEADS = False
     kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
+    if args.sparse_split_tiles is not None:
+        if args.sparse_split_tiles < 1:
+            raise SystemExit(f"--sparse-split-tiles must be >= 1, got {args.sparse_split_tiles}")
+        kernels.sparse_attention.MIN_TILES_PER_SPLIT = args.sparse_split_tiles
     kernels.select.FUSED_SELECT = args.fused_select
     if args.select_launch:
         bn, w1, chunk, w2 = args.select_launch
@@ -480,6 +487,7 @@ def run(args, argv: list[str]) -> str:
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
                 sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
+                sparse_split_tiles=kernels.sparse_attention.MIN_TILES_PER_SPLIT,
                 workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
