@@ -63,6 +63,8 @@
 #   splitab  e2e greedy vanilla / stream / vegas with a draft's attention split down to one tile a
 #            split (--sparse-split-tiles 1: 12 splits packed at batch 64 x 8K), then the rule's two
 #            (9 splits), each twice, alternated
+#   agree    the engine on the Triton kernels against the reference path (bench agreement): bf16,
+#            24 prompts, every method and granularity; then float32, 20 prompts
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -194,6 +196,10 @@ for stage in "$@"; do
     packab) ab packab 200 single --no-packed-sparse ${PACKAB:-packed-1 single-1 packed-2 single-2} ;;
     fmab) ab fmab 200 fused --sparse-fused-merge fused-1 kernel-1 fused-2 kernel-2 ;;
     splitab) ab splitab 200 t1 "--sparse-split-tiles 1" t1-1 t2-1 t1-2 t2-2 ;;
+    agree) mkdir -p "$OUT/results/agree-fp32"
+           TAIL=20 step agree-bf16 330 python3 -m vegas_core.bench agreement --model "$VEGAS_DEVICE_MODEL" --out "$OUT/results"
+           TAIL=12 step agree-fp32 200 python3 -m vegas_core.bench agreement --model "$VEGAS_DEVICE_MODEL" --dtype float32 \
+             --prompts 20 --methods stream quest specextend vegas vegas-all --out "$OUT/results/agree-fp32" ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
