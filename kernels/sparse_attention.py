@@ -336,10 +336,13 @@ def _interpreting() -> bool:
 PACK_KV_HEADS = True
 MAX_PACKED_HEADS = 16
 # The last split to finish merges the splits (`kernels.split_merge`) instead of a merge kernel
-# launched after. Off: not yet measured end to end (`bench e2e --sparse-fused-merge`).
+# launched after. Off: slower end to end (run 43, `bench e2e --sparse-fused-merge`: drafting 10.60
+# against 9.69 ms a vegas iteration; the last program reads every split's state alone, after the
+# others, where the merge kernel spreads it over many programs; bench/NOTES.md version 45).
 FUSED_MERGE = False
-# Each split keeps at least this many tiles of the index capacity (`_auto_splits`); 2 is the rule
-# measured end to end (`bench e2e --sparse-split-tiles` for the A/B).
+# Each split keeps at least this many tiles of the index capacity (`_auto_splits`;
+# `bench e2e --sparse-split-tiles`). In the CUDA-graph path the capacity is the pool's whole width,
+# so the cap never binds there (run 43 measured 1 and 2 alike: both 12 splits at batch 64).
 MIN_TILES_PER_SPLIT = 2
 
 
@@ -353,10 +356,10 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
     about one wave of resident programs (~4 per SM at d = 128, ~6 at d <= 64, from a split sweep
     on the H200; going past a wave costs a second, mostly idle one), each split keeping at least
     ``MIN_TILES_PER_SPLIT`` (2) tiles of the index capacity ``K``. (Packed, 12 splits of one tile
-    or more took 12.0 us against 13.0 with the 9 of this rule in isolation, at batch 64 x 8K and 7 %, `sweep: sparse_tune` in
-    bench/results/kernels-2026-12-03-h200-sparse-packed.json. End to end they were measured
-    only together with another change that slowed drafting, bench/NOTES.md version 44, so the
-    rule stays the one measured end to end, the same for both.) Uses shapes only (no host sync,
+    or more took 12.0 us against 13.0 with the 9 of this rule in isolation, at batch 64 x 8K and
+    7 %, `sweep: sparse_tune` in bench/results/kernels-2026-12-03-h200-sparse-packed.json. The
+    engine's CUDA graphs pass index buffers as wide as the pool, so there ``want`` decides: 12 at
+    batch 64, the split count the isolated sweep found fastest.) Uses shapes only (no host sync,
     so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
     K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
     B <= 4."""
@@ -380,8 +383,10 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     the two measured alike (14.9 against 14.8 us for SmolLM2 and 56.9 against 56.7 for the 8B-like
     shape at batch 64 x 8K, 7 %: `sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-
     merge.json); what a draft step would save is the launch (version 42 measured a launch in the
-    chain costing more end to end than its own time), which only an e2e A/B shows
-    (`bench e2e --sparse-fused-merge`). The two merges round differently (the fused one folds the
+    chain costing more end to end than its own time), which only an e2e A/B shows: run 43's
+    (`bench e2e --sparse-fused-merge`) measured the fused merge slower, drafting 10.60 against
+    9.69 ms a vegas iteration (packed, 12 splits: the last program folds 12 splits of 9 heads
+    alone). The two merges round differently (the fused one folds the
     splits in order, the kernel sums them as a tree).
 
     ``num_stages`` (Triton's software pipelining of the gather) defaults to 2 at head dim <= 64

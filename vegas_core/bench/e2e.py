@@ -84,7 +84,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "KV head, not one for all of a request's (kernels.sparse_attention.PACK_KV_HEADS)")
     p.add_argument("--sparse-fused-merge", action="store_true",
                    help="the last split of a draft's attention merges the splits, no merge kernel "
-                        "after (kernels.sparse_attention.FUSED_MERGE; off by default: not yet measured)")
+                        "after (kernels.sparse_attention.FUSED_MERGE; off by default: slower in run 43)")
     p.add_argument("--sparse-split-tiles", type=int, default=None, metavar="N",
                    help="the fewest tiles of a draft's index capacity per split of its attention "
                         "(kernels.sparse_attention.MIN_TILES_PER_SPLIT, default 2)")
