@@ -336,9 +336,7 @@ def _interpreting() -> bool:
 PACK_KV_HEADS = True
 MAX_PACKED_HEADS = 16
 # The last split to finish merges the splits (`kernels.split_merge`) instead of a merge kernel
-# launched after. Off: slower end to end (run 43, `bench e2e --sparse-fused-merge`: drafting 10.60
-# against 9.69 ms a vegas iteration; the last program reads every split's state alone, after the
-# others, where the merge kernel spreads it over many programs; bench/NOTES.md version 45).
+# launched after. Off: slower end to end (run 43; see `sparse_attention`'s docstring).
 FUSED_MERGE = False
 # Each split keeps at least this many tiles of the index capacity (`_auto_splits`;
 # `bench e2e --sparse-split-tiles`). In the CUDA-graph path the capacity is the pool's whole width,
@@ -386,8 +384,9 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     chain costing more end to end than its own time), which only an e2e A/B shows: run 43's
     (`bench e2e --sparse-fused-merge`) measured the fused merge slower, drafting 10.60 against
     9.69 ms a vegas iteration (packed, 12 splits: the last program folds 12 splits of 9 heads
-    alone). The two merges round differently (the fused one folds the
-    splits in order, the kernel sums them as a tree).
+    alone, where the merge kernel spreads them over a program per (request, head); bench/NOTES.md
+    version 45). The two merges round differently (the fused one folds the splits in order, the
+    kernel sums them as a tree).
 
     ``num_stages`` (Triton's software pipelining of the gather) defaults to 2 at head dim <= 64
     and 4 above: 13.9 and 52.3 us against 14.7 and 57.0 with Triton's default 3 at batch 64 x 8K,

@@ -60,9 +60,9 @@
 #            (PACKAB="single-1 packed-1" for other runs)
 #   fmab     e2e greedy vanilla / stream / vegas with a draft's split merge in its last split
 #            (--sparse-fused-merge), then with the merge kernel, each twice, alternated
-#   splitab  e2e greedy vanilla / stream / vegas with a draft's attention split down to one tile a
-#            split (--sparse-split-tiles 1: 12 splits packed at batch 64 x 8K), then the rule's two
-#            (9 splits), each twice, alternated
+#   splitab  e2e greedy vanilla / stream / vegas with at least one tile of the index capacity a
+#            split (--sparse-split-tiles 1), then the rule's two, each twice, alternated (in the
+#            CUDA-graph path the capacity is the pool's width, so both run 12 splits at batch 64)
 #   agree    the engine on the Triton kernels against the reference path (bench agreement): bf16,
 #            24 prompts, every method and granularity; then float32, 20 prompts
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
