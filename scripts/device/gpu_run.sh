@@ -65,6 +65,13 @@
 #            CUDA-graph path the capacity is the pool's width, so both run 12 splits at batch 64)
 #   agree    the engine on the Triton kernels against the reference path (bench agreement): bf16,
 #            24 prompts, every method and granularity; then float32, 20 prompts
+#   tune8k   the three-step tune (TUNE8K_METHODS, default stream and vegas) at the long-input
+#            workload near the model's 8K: prompts of 7,168-7,680 tokens of text (issue 5's
+#            "batch 64 x ~8K"); kept at /root/tune8k.json for e2e8k
+#   e2e8k    the full comparison at that workload, with /root/tune8k.json's settings merged over
+#            E2E8K_TUNED's (scripts/device/merge_tune.py), or E2E8K_TUNED's alone
+#   e2ebound e2e greedy vanilla / stream / vegas at the default long-input workload (its
+#            bandwidth bound and each rate's share of it)
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -200,6 +207,20 @@ for stage in "$@"; do
            TAIL=20 step agree-bf16 330 python3 -m vegas_core.bench agreement --model "$VEGAS_DEVICE_MODEL" --out "$OUT/results"
            TAIL=12 step agree-fp32 200 python3 -m vegas_core.bench agreement --model "$VEGAS_DEVICE_MODEL" --dtype float32 \
              --prompts 20 --methods stream quest specextend vegas vegas-all --out "$OUT/results/agree-fp32" ;;
+    tune8k) mkdir -p "$OUT/results/tune8k"; TAIL=16 step tune8k 520 python3 -m vegas_core.bench tune \
+             --model "$VEGAS_DEVICE_MODEL" --workload long-input --batch 64 --gen-tokens 256 --prompt-tokens 7168 7680 \
+             --sparsities 0.02 0.04 0.07 0.1 0.15 --gammas 3 4 6 8 10 12 --large-gamma 12 \
+             --methods ${TUNE8K_METHODS:-stream vegas} --out "$OUT/results/tune8k"
+            cp "$OUT"/results/tune8k/tune-*.json /root/tune8k.json ;;
+    e2e8k) tuned=${E2E8K_TUNED:-bench/results/tune-2026-12-03-h200-run38-merged.json}
+           if [ -f /root/tune8k.json ]; then
+             python3 scripts/device/merge_tune.py "$OUT/results/tune8k-merged.json" /root/tune8k.json "$tuned"
+             tuned="$OUT/results/tune8k-merged.json"
+           fi
+           mkdir -p "$OUT/results/e2e8k"; TAIL=24 step e2e8k 470 "${E2E[@]}" --prompt-tokens 7168 7680 --tuned "$tuned" \
+             --out "$OUT/results/e2e8k" ;;
+    e2ebound) mkdir -p "$OUT/results/bound"; TAIL=10 step e2ebound 150 "${E2E[@]}" --methods vanilla stream vegas \
+             --sampling greedy --out "$OUT/results/bound" ${E2E_ARGS:-} ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -8,6 +8,13 @@ model's chat template; lengths spread evenly over the range):
 - `long-input`: 4K-7.5K-token prompts, 256 generated tokens, batch 32;
 - `small`: 200-400-token prompts, 32 tokens, batch 2 (what a CPU can run in a minute or two).
 
+`--prompt-tokens LO HI` moves a workload's prompt lengths (e.g. long-input at 7,168-7,680, contexts
+near the model's 8K: issue 5's "batch 64 x ~8K").
+
+Bandwidth bound (`bandwidth_bound` in the file, `of_bound` per record): the rate no
+non-speculative decoder passes on this workload, from the copy bandwidth measured at the start of
+the run (`common.copy_bandwidth`), the weights and the batch's KV at the workload's mean context.
+
 Throughput: tokens emitted by decode steps / wall time of those steps, counting only steps that run
 the full batch (the stable rate; prefill steps, the draining tail, the steps that captured a
 CUDA graph and those during which Triton compiled a kernel are left out; every decode step counts
@@ -107,6 +114,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=None, help="override the workload's batch")
     p.add_argument("--gen-tokens", type=int, default=None, help="override the workload's generated tokens")
     p.add_argument("--replays", type=int, default=None, help="override how often the prompt set is replayed")
+    p.add_argument("--prompt-tokens", type=int, nargs=2, default=None, metavar=("LO", "HI"),
+                   help="override the workload's prompt lengths (tokens of text, spread evenly over "
+                        "[LO, HI]); e.g. 7168 7680 puts long-input's contexts near the model's 8K")
     p.add_argument("--min-budget", type=int, default=16,
                    help="floor on the kept entries, the same for every method (default: 16)")
 
@@ -137,6 +147,14 @@ def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
     replays = args.replays or spec["replays"]
     lo, hi = spec["prompt_tokens"]
     limit = config.max_position_embeddings - gen - GAMMA_SLACK - 64   # room for the template
+    if args.prompt_tokens:
+        lo, hi = args.prompt_tokens
+        if not 1 <= lo <= hi:
+            raise SystemExit(f"--prompt-tokens needs 1 <= LO <= HI, got {lo} {hi}")
+        if hi > limit:
+            raise SystemExit(f"--prompt-tokens up to {hi} do not fit the model's "
+                             f"{config.max_position_embeddings} positions with {gen} generated tokens: "
+                             f"HI may be at most {limit}")
     hi = min(hi, limit)
     lo = min(lo, hi)
     lengths = [lo + (hi - lo) * i // max(1, batch - 1) for i in range(batch)]
@@ -148,6 +166,29 @@ def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
                                              add_generation_prompt=True)
         prompts.append(tokenizer.encode(chat))
     return Workload(name, prompts * replays, gen, batch, (lo, hi), unique=len(prompts))
+
+
+def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int,
+                    copy_tbps: float) -> dict:
+    """The rate no non-speculative decoder passes on this workload (DESIGN.md's "about 22,000
+    tokens/s" at batch 64 x 8K): each step of `batch` requests reads at least the weights once and
+    every request's whole KV, at best at the measured copy bandwidth. A request's context over its
+    generated tokens averages prompt + (gen - 1) / 2 tokens. Issue 5 holds vanilla to 75 % of it."""
+    kv_per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * itemsize
+    mean_context = sum(len(p) for p in workload.prompts) / len(workload.prompts) \
+        + (workload.gen_tokens - 1) / 2
+    step_bytes = weight_bytes + workload.batch * mean_context * kv_per_token
+    step_s = step_bytes / (copy_tbps * 1e12)
+    return dict(copy_TBps=copy_tbps, mean_context=mean_context, kv_bytes_per_token=kv_per_token,
+                weight_bytes=weight_bytes, step_bytes=step_bytes, step_ms=1e3 * step_s,
+                tokens_per_s=workload.batch / step_s)
+
+
+def read_weight_bytes(weights: dict, itemsize: int) -> int:
+    """Bytes of the weights a decode step reads: all but an untied embedding table (of which a
+    step reads only its tokens' rows; a tied one is the head and counts)."""
+    skip = "model.embed_tokens.weight" if "lm_head.weight" in weights else None
+    return sum(w.numel() for name, w in weights.items() if name != skip) * itemsize
 
 
 # -- one run -------------------------------------------------------------------------------------
@@ -429,6 +470,9 @@ def run(args, argv: list[str]) -> str:
         kernels.select.SCORE_LAUNCH, kernels.select.TOPK_LAUNCH = (bn, w1), (chunk, w2)
     kernels.verify_attention.USE_PDL = args.verify_pdl
     parents = prefill_parents(engine, workload)
+    itemsize = engine.dtype.itemsize
+    bound = bandwidth_bound(workload, loaded.config, read_weight_bytes(loaded.weights, itemsize), itemsize,
+                            common.copy_bandwidth(engine.device))
     tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
     dtype = str(engine.dtype).replace("torch.", "")
     records, vanilla = [], {}
@@ -465,6 +509,7 @@ def run(args, argv: list[str]) -> str:
                        iteration_ms=stats.iteration_ms,
                        select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
                        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
+                       of_bound=stats.tokens_per_s / bound["tokens_per_s"],
                        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
                        graph_warmup_steps=stats.warmup_steps, phase_steps=stats.phase_steps,
                        generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
@@ -488,14 +533,16 @@ def run(args, argv: list[str]) -> str:
                 packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
                 sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
                 sparse_split_tiles=kernels.sparse_attention.MIN_TILES_PER_SPLIT,
-                workload=dict(name=workload.name, text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
+                bandwidth_bound=bound,
+                workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
+                              mean_context=bound["mean_context"], text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
                               samplings={k: SAMPLINGS[k] for k in args.sampling},
                               sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
                                               "top_p 0.9)"),
                 complete=len(records) == len(args.sampling) * len(methods))
     compiles.uninstall()
     bar.close()
-    print_table(records, engine)
+    print_table(records, engine, bound)
     print(f"wrote {path}")
     return path
 
@@ -514,14 +561,16 @@ def engine_for(args, workload: Workload, loaded):
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
 
 
-def print_table(records, engine) -> None:
-    cols = ["sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "MAL", "draft ms",
-            "verify ms", "select ms", "select %", "= vanilla", "max gap"]
+def print_table(records, engine, bound: dict) -> None:
+    cols = ["sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "of bound %", "MAL",
+            "draft ms", "verify ms", "select ms", "select %", "= vanilla", "max gap"]
     rows = [[r["sampling"], r["method"], r["granularity"] or "-", r["gamma"], r["sparsity"], r["tokens_per_s"],
-             r["speedup_vs_vanilla"], r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
+             r["speedup_vs_vanilla"], 100 * r["of_bound"], r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
              None if r["select_overhead"] is None else 100 * r["select_overhead"],
              r.get("exact_match_vs_vanilla"),
              max((d["logit_gap"] for d in r.get("divergences") or []), default=None)] for r in records]
     r0 = records[0]
     common.print_table(f"e2e: {common.device_description(engine.device)}, {r0['workload']} workload, batch "
-                       f"{r0['batch']}, up to {r0['context']} tokens, {r0['requests']} requests", cols, rows)
+                       f"{r0['batch']}, up to {r0['context']} tokens (mean {bound['mean_context']:.0f}), "
+                       f"{r0['requests']} requests; bandwidth bound {bound['tokens_per_s']:,.0f} tok/s "
+                       f"at {bound['copy_TBps']:.3g} TB/s copy", cols, rows)

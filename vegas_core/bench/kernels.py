@@ -93,17 +93,7 @@ def _bench(fn) -> float:
         return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def copy_bandwidth(device) -> float:
-    """TB/s of a 1 GiB device-to-device copy, bytes read plus written, timed eagerly with events
-    (launch cost is nothing next to 0.5 ms). Not from a graph replay: captured into a CUDA graph,
-    the copy becomes a memcpy node that ran at 2.7 TB/s on the H200 against 4.25 eagerly (the
-    copy engines instead of the SMs), which is not the ceiling a kernel is held to."""
-    import triton
-    src = torch.randn(1 << 28, device=device)          # 1 GiB of float32
-    dst = torch.empty_like(src)
-    torch.cuda.synchronize()
-    us = 1e3 * triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=200, return_mode="median")
-    return 2 * src.numel() * 4 / (us * 1e-6) / 1e12
+copy_bandwidth = common.copy_bandwidth
 
 
 PLACEMENTS = ("shuffled", "sequential", "interleaved", "scattered")

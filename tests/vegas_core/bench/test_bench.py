@@ -108,6 +108,15 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
     assert doc["packed_sparse"] is False and doc["sparse_fused_merge"] is False   # kernel-path choices
     assert doc["sparse_split_tiles"] == 2
     recs = doc["records"]
+    # The bound no plain decoder passes: weights plus the batch's whole KV a step, at the measured
+    # copy rate (2 layers x K and V x 2 KV heads x head dim 16 x 4 bytes of float32 a token).
+    bound = doc["bandwidth_bound"]
+    assert bound["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4 and bound["copy_TBps"] > 0
+    assert bound["weight_bytes"] > 0
+    assert bound["tokens_per_s"] == pytest.approx(2 * bound["copy_TBps"] * 1e12 / bound["step_bytes"])
+    assert doc["workload"]["prompt_tokens"] == [200, 400]
+    for r in recs:
+        assert r["of_bound"] == pytest.approx(r["tokens_per_s"] / bound["tokens_per_s"])
     assert [(r["sampling"], r["method"], r["granularity"]) for r in recs] == [
         (s, m, g) for s in ("greedy", "model-card")
         for m, g in (("vanilla", None), ("stream", "layer"), ("vegas", "layer"), ("vegas", "kv-head"))]
@@ -134,6 +143,58 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
             assert r["draft_ms"] > 0
         if r["sampling"] == "greedy":
             assert r["exact_match_vs_vanilla"] == 1.0    # speculation is lossless through the harness
+
+
+def test_bandwidth_bound_is_the_designs_22k_at_batch_64_and_8k():
+    """DESIGN.md: SmolLM2's 23,040 bf16 bytes of KV a token, batch 64 at 8K contexts, about
+    4.2 TB/s: about 22,000 tokens/s for any non-speculative decoder."""
+    from vegas_core.bench import e2e
+    from vegas_core.config import ModelConfig
+
+    cfg = ModelConfig(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                      num_layers=30, num_heads=9, num_kv_heads=3, head_dim=64,
+                      max_position_embeddings=8192)
+    # 64 prompts of 8,000 tokens and 385 generated: contexts average 8,000 + 192 = 8,192.
+    workload = e2e.Workload("long-input", [[0] * 8000] * 64, gen_tokens=385, batch=64,
+                            prompt_range=(8000, 8000))
+    bound = e2e.bandwidth_bound(workload, cfg, weight_bytes=0, itemsize=2, copy_tbps=4.2)
+    assert bound["kv_bytes_per_token"] == 23_040 and bound["mean_context"] == 8192
+    assert bound["step_bytes"] == 64 * 8192 * 23_040
+    assert 21_000 < bound["tokens_per_s"] < 23_000
+    # The weights are read once a step, whatever the batch: they lower the bound by their share.
+    with_weights = e2e.bandwidth_bound(workload, cfg, weight_bytes=270e6, itemsize=2, copy_tbps=4.2)
+    assert with_weights["tokens_per_s"] == pytest.approx(
+        bound["tokens_per_s"] * bound["step_bytes"] / (bound["step_bytes"] + 270e6))
+    # A tied head is the embedding table and counts; an untied table is only looked up.
+    tied = {"model.embed_tokens.weight": torch.zeros(10, 4), "w": torch.zeros(3)}
+    assert e2e.read_weight_bytes(tied, 2) == 2 * 43
+    assert e2e.read_weight_bytes({**tied, "lm_head.weight": torch.zeros(10, 4)}, 2) == 2 * 43
+
+
+def test_prompt_tokens_override_the_workload_and_must_fit(tiny_model):
+    import argparse
+
+    from vegas_core.bench import e2e
+    from vegas_core.loader import load_model
+
+    p = argparse.ArgumentParser()
+    e2e.add_arguments(p)
+    loaded = load_model(tiny_model)
+    base = ["--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "3", "--gen-tokens", "8"]
+    args = p.parse_args(base + ["--prompt-tokens", "100", "140"])
+    workload = e2e.build_workload(args, loaded.tokenizer, loaded.config, on_gpu=False)
+    assert workload.prompt_range == (100, 140)
+    default = e2e.build_workload(p.parse_args(base), loaded.tokenizer, loaded.config, on_gpu=False)
+    template = len(default.prompts[0]) - 200             # the small workload's shortest text is 200
+    lengths = [len(q) - template for q in workload.prompts]
+    assert lengths == pytest.approx([100, 120, 140], abs=2)  # re-encoding may merge at the seams
+    # 1,024 positions less 8 generated, the gamma slack and the template's room: 935 at most.
+    with pytest.raises(SystemExit, match="at most 935"):
+        e2e.build_workload(p.parse_args(base + ["--prompt-tokens", "100", "1000"]), loaded.tokenizer,
+                           loaded.config, on_gpu=False)
+    with pytest.raises(SystemExit, match="LO <= HI"):
+        e2e.build_workload(p.parse_args(base + ["--prompt-tokens", "140", "100"]), loaded.tokenizer,
+                           loaded.config, on_gpu=False)
 
 
 def test_tune_follows_the_three_steps_and_e2e_uses_its_choice(tmp_path, tiny_model):
