@@ -178,6 +178,72 @@ def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed(collect
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
 
 
+ONE_ROW_CASES = [  # (ctx_lens, heads, kv_heads, head_dim): every request one row
+    ([5, 40, 37, 70], 9, 3, 16),      # GQA 3 (SmolLM2's ratio), ragged, ctx not a multiple of 16
+    ([17, 130], 16, 2, 32),           # GQA 8, the most query heads a packed tile takes
+    ([33, 16, 64], 4, 4, 16),         # GQA 1 over several KV heads
+]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("ctx_lens,heads,kv_heads,head_dim", ONE_ROW_CASES)
+def test_one_row_packed_program_matches_reference_and_collect_keeps_output(
+        ctx_lens, heads, kv_heads, head_dim, num_splits, monkeypatch):
+    """A plain decode step's call: one program for all of a request's KV heads
+    (`_attend_tile_packed`) gives the reference's answers and the per-KV-head programs' within the
+    same tolerance, with and without splits (3 asked: 3 x KV heads run) and either merge;
+    collecting (C2Q through either tile, all rows: one store from the packed tile) leaves its
+    output bit for bit, and the logits are the reference's."""
+    import kernels.verify_attention as va
+    args = make_case([1] * len(ctx_lens), ctx_lens, heads, kv_heads, head_dim, seed=17)
+    assert va.decode_packed(1, heads, kv_heads)
+    kw = dict(num_splits=num_splits, block_n=16)
+    base_out, base_lse, _ = verify_attention(*args, **kw)
+    for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
+        ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+        for fused in (True, False):
+            out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile,
+                                                fused_merge=fused, **kw)
+            torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+            assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
+            if collect != "none":
+                check_logits(logits, ref_logits)
+    monkeypatch.setattr(va, "PACK_DECODE", False)
+    assert not va.decode_packed(1, heads, kv_heads)
+    single_out, single_lse, _ = verify_attention(*args, **kw)
+    torch.testing.assert_close(base_out, single_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(base_lse, single_lse, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the merge of padding rows reads unset memory
+def test_one_row_packed_graph_padded_launch_matches_unpadded():
+    """The packed program as a CUDA graph launches it: padding requests with no row and no context
+    after the real ones, padding rows past the last, outputs preallocated."""
+    q, k_cache, v_cache, tables, ctx, loc, scale = make_case([1, 1, 1], [30, 51, 18], 9, 3, 16, seed=5)
+    want_out, want_lse, _ = verify_attention(q, k_cache, v_cache, tables, ctx, loc, scale,
+                                             num_splits=2, block_n=16)
+    pad_rows, pad_reqs = 4, 2
+    qp = torch.cat([q, torch.randn(pad_rows, *q.shape[1:], device=q.device)])
+    tp = torch.cat([tables, torch.zeros(pad_reqs, tables.shape[1], dtype=tables.dtype,
+                                        device=tables.device)])
+    cp = torch.cat([ctx, torch.zeros(pad_reqs, dtype=ctx.dtype, device=ctx.device)])
+    lp = torch.cat([loc, loc[-1:].expand(pad_reqs)])
+    out = torch.full_like(qp, float("nan"))
+    lse = torch.full((3 + pad_rows, 9), float("nan"), device=q.device)
+    verify_attention_into(qp, k_cache, v_cache, tp, cp, lp, scale, out, lse, max_q=1, num_splits=2,
+                          block_n=16)
+    assert torch.equal(out[:3], want_out) and torch.equal(lse[:3], want_lse)
+
+
+def test_packed_decode_only_where_it_fits():
+    """One row only, several KV heads (one KV head is a packed program already), at most 16 query
+    heads (SmolLM2's 9 fit; an 8B's 32 keep a program per KV head)."""
+    from kernels.verify_attention import decode_packed
+    assert decode_packed(1, 9, 3) and decode_packed(1, 16, 8)
+    assert not decode_packed(2, 9, 3) and not decode_packed(1, 8, 1) and not decode_packed(1, 32, 8)
+
+
 def test_launch_config_caps_registers_only_where_measured_to_pay():
     """The H200 measurements behind launch_config: C2Q's register cap helps tiles of up to 32 rows
     and spills on 64 (12-16 rows), which keep the merge kernel and no cap; the main-tile path is
