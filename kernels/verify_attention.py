@@ -51,13 +51,6 @@ MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plu
 # on too. Off: measured within noise on the H200 (verification 5.49 -> 5.44 ms an iteration, vanilla
 # and vegas unchanged; `bench e2e --verify-pdl`, bench/NOTES.md version 38).
 USE_PDL = False
-# A one-row call (a plain decode step) runs one program per request (and split) for all its KV
-# heads, their query heads the rows of one tile (`_attend_tile_packed`), when there are several KV
-# heads and at most MAX_PACKED_HEADS query heads; False: a program per KV head, as for more rows. Why: at one row a KV head's program has GROUP real rows in a 16-row tile (3 of 16
-# for SmolLM2), so most of its softmax is padding; packed, 9 of 16 are real and each key's page is
-# resolved once for the three KV heads (bench/NOTES.md version 47).
-PACK_DECODE = True
-MAX_PACKED_HEADS = 16
 
 
 class LaunchConfig(NamedTuple):
@@ -278,59 +271,6 @@ if triton is not None:
         return m_i, l_i, acc
 
     @triton.jit
-    def _attend_tile_packed(start, q_tile, grp, head, slot, m_valid, m_i, l_i, acc, k_ptr, v_ptr,
-                            logits_ptr, tables_ptr, req, ctx, scale, s_kb, s_kt, s_kh, s_kd,
-                            s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb,
-                            BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                            HEAD_DIM: tl.constexpr, KV_HEADS: tl.constexpr,
-                            COLLECT: tl.constexpr, PRECISION: tl.constexpr):
-        """`_attend_tile` for one query row and every KV head at once: the tile's rows are the
-        query heads (row ``m`` is head ``m``, of KV head ``grp[m]``). Each key's page is resolved
-        once; the K/V rows of all KV heads at that slot (adjacent in a token-major pool) are
-        loaded together. Scores come from one dot per KV head with the other heads' query rows
-        zeroed, chained through the score tile (a row gets its own head's products plus exact
-        zeros), and values the same way into a zeroed tile added to the rescaled accumulator
-        (`kernels.sparse_attention._sparse_tile_packed` does the same over a selection). One row
-        sees every key before ``ctx``: only keys past it are masked. Padded rows hold finite
-        scores of a zero query and are never stored. COLLECT 1 stores the tile's scores for the
-        row when it has a slot (one row is its request's first and last: C2Q and all-row
-        collection are the same store here)."""
-        offs_n = tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        pos = start + offs_n
-        n_valid = pos < ctx
-        page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
-        row_k = page.to(tl.int64) * s_kb + (pos % BLOCK_SIZE) * s_kt
-        row_v = page.to(tl.int64) * s_vb + (pos % BLOCK_SIZE) * s_vt
-        kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-        zero_q = tl.zeros_like(q_tile)
-        s = tl.zeros([q_tile.shape[0], BLOCK_N], dtype=tl.float32)
-        for g in tl.static_range(KV_HEADS):
-            k_g = tl.load(k_ptr + row_k[:, None] + g * s_kh + offs_d[None, :] * s_kd,
-                          mask=kv_mask, other=0.0)
-            s = tl.dot(tl.where((grp == g)[:, None], q_tile, zero_q), tl.trans(k_g), s,
-                       input_precision=PRECISION)
-        s = s * scale
-        s = tl.where(n_valid[None, :], s, float("-inf"))
-        if COLLECT == 1:
-            _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
-                          s_gr, s_gh, s_gc)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p_lo = p.to(q_tile.dtype)
-        zero_p = tl.zeros_like(p_lo)
-        pv = tl.zeros([q_tile.shape[0], BLOCK_D], dtype=tl.float32)
-        for g in tl.static_range(KV_HEADS):
-            v_g = tl.load(v_ptr + row_v[:, None] + g * s_vh + offs_d[None, :] * s_vd,
-                          mask=kv_mask, other=0.0)
-            pv = tl.dot(tl.where((grp == g)[:, None], p_lo, zero_p), v_g, pv,
-                        input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        return m_new, l_i, acc
-
-    @triton.jit
     def _store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr):
         """-inf at positions [ctx, logits_len) of the collected rows (past the request's context,
@@ -367,8 +307,8 @@ if triton is not None:
             GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
-            UNMASKED_TILES: tl.constexpr, PACKED: tl.constexpr, KV_HEADS: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
+            UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
+            USE_PDL: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -378,11 +318,7 @@ if triton is not None:
         nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
-        `_merge_splits_kernel` does, launched after.
-
-        PACKED (one row a request; grid axis 1 of size 1; collection only as COLLECT 1): the
-        program takes every KV head of its request, the KV_HEADS * GROUP query heads as the tile's
-        rows (`_attend_tile_packed`)."""
+        `_merge_splits_kernel` does, launched after."""
         pdl_wait(USE_PDL)
         req = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -400,15 +336,9 @@ if triton is not None:
 
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
-        if PACKED:
-            row = offs_m * 0
-            head = offs_m
-            m_valid = (offs_m < KV_HEADS * GROUP) & (q_len > 0)
-            grp = offs_m // GROUP
-        else:
-            row = offs_m // GROUP
-            head = kvh * GROUP + offs_m % GROUP
-            m_valid = offs_m < q_len * GROUP
+        row = offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
+        m_valid = offs_m < q_len * GROUP
         d_valid = offs_d < HEAD_DIM
         row_pos = ctx - q_len + row                                    # last key each row sees
 
@@ -440,24 +370,7 @@ if triton is not None:
         if UNMASKED_TILES:
             full_end = tl.minimum(hi, ctx - q_len + 1)
             mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
-        if PACKED:
-            if INTERPRET:
-                start = lo
-                while start < hi:
-                    m_i, l_i, acc = _attend_tile_packed(
-                        start, q_tile, grp, head, slot, m_valid, m_i, l_i, acc, k_ptr, v_ptr,
-                        logits_ptr, tables_ptr, req, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                        s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                        BLOCK_N, BLOCK_D, HEAD_DIM, KV_HEADS, COLLECT, PRECISION)
-                    start += BLOCK_N
-            else:
-                for start in range(lo, hi, BLOCK_N):
-                    m_i, l_i, acc = _attend_tile_packed(
-                        start, q_tile, grp, head, slot, m_valid, m_i, l_i, acc, k_ptr, v_ptr,
-                        logits_ptr, tables_ptr, req, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                        s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                        BLOCK_N, BLOCK_D, HEAD_DIM, KV_HEADS, COLLECT, PRECISION)
-        elif INTERPRET:
+        if INTERPRET:
             # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
             # (its __index__ calls int() on a 1-element array); while loops evaluate the same.
             start = lo
@@ -639,13 +552,6 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
-def decode_packed(max_q: int, heads: int, kv_heads: int) -> bool:
-    """Whether a call runs the packed one-row program (`PACK_DECODE`): one row a request, several
-    KV heads and at most MAX_PACKED_HEADS query heads (a larger tile would hold more padding than
-    the per-KV-head programs save)."""
-    return PACK_DECODE and max_q == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
-
-
 def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
                           scale: float, out, lse, *, max_q: int, num_splits: int, logits=None,
                           row_slot=None, c2q_tile: bool = False, logits_len: int = 0,
@@ -675,13 +581,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    packed = decode_packed(max_q, heads, kv_heads)
-    if packed and collect_mode:
-        collect_mode = 1    # one row is its request's first and last: stored from the packed tile
-    block_m = max(16, triton.next_power_of_2(heads if packed else max_q * group))
-    # Packed, every collection path launches as none does: the same tiles and splits, so
-    # collecting leaves the output's bits alone there too.
-    cfg = launch_config(0 if packed else collect_mode, dim, block_m)
+    block_m = max(16, triton.next_power_of_2(max_q * group))
+    cfg = launch_config(collect_mode, dim, block_m)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
@@ -692,8 +593,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    if packed:   # the same programs as a program per KV head would have: more splits of a request
-        num_splits = min(64, num_splits * kv_heads)
     split = num_splits > 1
     if split:
         part_acc = torch.empty(num_splits, total, heads, dim, dtype=torch.float32, device=q.device)
@@ -708,15 +607,14 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
     # and offset are then arithmetic by a known constant, not a runtime integer division
     # (bench/NOTES.md, version 33).
-    _verify_attention_kernel[(batch, 1 if packed else kv_heads, num_splits)](
+    _verify_attention_kernel[(batch, kv_heads, num_splits)](
         q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
         block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
         *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
-        FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PACKED=packed,
-        KV_HEADS=kv_heads, PRECISION=precision,
+        FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
         INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:

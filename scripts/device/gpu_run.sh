@@ -73,11 +73,9 @@
 #   e2ebound e2e greedy vanilla / stream / vegas at the default long-input workload (its
 #            bandwidth bound and each rate's share of it)
 #   dprobe   the one-row call packed (one program for a request's KV heads) against a program per
-#            KV head, with tiles, warps and splits, beside cuDNN SDPA (scripts/device/probe_decode_packed.py)
-#   vtests   verify_attention's tests (the packed one-row program among them) and the CUDA-graph
-#            path, compiled
-#   pdab     e2e greedy vanilla / stream / vegas with the packed one-row program, then with a program
-#            per KV head (--no-packed-decode), each twice, alternated (E2E_ARGS sets the workload)
+#            KV head, with tiles, warps and splits, beside cuDNN SDPA (scripts/device/probe_decode_packed.py;
+#            it needs commit b6ca0de's kernel restored, see its header)
+#   vtests   verify_attention's tests and the CUDA-graph path, compiled
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -230,7 +228,6 @@ for stage in "$@"; do
     dprobe) TAIL=40 step dprobe 240 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_decode_packed.py ;;
     vtests) TAIL=6 step vtests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_verify_attention.py \
              tests/vegas_core/test_graphs.py ;;
-    pdab) ab pdab 200 single --no-packed-decode ${PDAB:-packed-1 single-1 packed-2 single-2} ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

@@ -3,7 +3,13 @@ its KV heads (`kernels.verify_attention.PACK_DECODE`, `_attend_tile_packed`) aga
 KV head, at batch 64 and SmolLM2's shape (9 / 3 / 64), contexts 6K and 8K; key tiles, warps,
 splits; cuDNN SDPA over the same dense work and the copy rate beside them. Checks the packed
 output against the per-KV-head one (max difference) and collecting against not (same bits).
-Writes $OUT/results/kernels-decode-packed.json."""
+Writes $OUT/results/kernels-decode-packed.json.
+
+Measured (run 47, bench/results/kernels-2026-12-04-h200-run47-decode-packed.json): no faster than a
+program per KV head at its best tile (95.9 against 94.9 us at 6K, 120.3 against 121.5 at 8K), so
+the packed program was taken out again (bench/NOTES.md version 47). It lives in commit b6ca0de; to
+run this again, restore it first:
+    git show b6ca0de:kernels/verify_attention.py > kernels/verify_attention.py"""
 import datetime
 import json
 import os

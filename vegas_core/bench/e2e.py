@@ -89,9 +89,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-packed-sparse", action="store_true",
                    help="draft attention over a selection shared by the KV heads runs one program per "
                         "KV head, not one for all of a request's (kernels.sparse_attention.PACK_KV_HEADS)")
-    p.add_argument("--no-packed-decode", action="store_true",
-                   help="a plain decode step's attention runs one program per KV head, not one for all "
-                        "of a request's (kernels.verify_attention.PACK_DECODE)")
     p.add_argument("--sparse-fused-merge", action="store_true",
                    help="the last split of a draft's attention merges the splits, no merge kernel "
                         "after (kernels.sparse_attention.FUSED_MERGE; off by default: slower in run 43)")
@@ -463,7 +460,6 @@ def run(args, argv: list[str]) -> str:
     if args.no_packed_sparse:
         kernels.sparse_attention.PACK_KV_HEADS = False
     kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
-    kernels.verify_attention.PACK_DECODE = not args.no_packed_decode
     if args.sparse_split_tiles is not None:
         if args.sparse_split_tiles < 1:
             raise SystemExit(f"--sparse-split-tiles must be >= 1, got {args.sparse_split_tiles}")
@@ -535,7 +531,6 @@ def run(args, argv: list[str]) -> str:
                                    topk=list(kernels.select.TOPK_LAUNCH)),
                 verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
                 packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
-                packed_decode=kernels.verify_attention.PACK_DECODE and bool(engine.core.runner.kernels),
                 sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
                 sparse_split_tiles=kernels.sparse_attention.MIN_TILES_PER_SPLIT,
                 bandwidth_bound=bound,
