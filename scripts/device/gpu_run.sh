@@ -76,6 +76,9 @@
 #            KV head, with tiles, warps and splits, beside cuDNN SDPA (scripts/device/probe_decode_packed.py;
 #            it needs commit b6ca0de's kernel restored, see its header)
 #   vtests   verify_attention's tests and the CUDA-graph path, compiled
+#   hints    verify_attention's K/V loads with cache / eviction hints (scripts/device/probe_kv_hints.py)
+#   ncu1     Nsight Compute's counters and warp stall reasons for the attention kernels at one row
+#            (scripts/device/ncu_kernels.py --q-rows 1), into $OUT/ncu-1row.txt
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
@@ -226,6 +229,13 @@ for stage in "$@"; do
     e2ebound) mkdir -p "$OUT/results/bound"; TAIL=10 step e2ebound 150 "${E2E[@]}" --methods vanilla stream vegas \
              --sampling greedy --out "$OUT/results/bound" ${E2E_ARGS:-} ;;
     dprobe) TAIL=40 step dprobe 240 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_decode_packed.py ;;
+    hints) TAIL=30 step hints 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_kv_hints.py ;;
+    ncu1) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+          timeout 240 "$NCU" --profile-from-start off --clock-control none --section SpeedOfLight \
+            --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats \
+            --section WarpStateStats env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/ncu_kernels.py \
+            --q-rows 1 > "$OUT/ncu-1row.txt" 2>&1
+          echo "rc=$? ncu1" | tee -a "$OUT/steps.txt"; grep -E "verify|Duration|Throughput|Stall|Warp Cycles|Registers|Occupancy|Issue" "$OUT/ncu-1row.txt" | head -40 ;;
     vtests) TAIL=6 step vtests 300 python3 -m pytest -q -x -p no:cacheprovider tests/kernels/test_verify_attention.py \
              tests/vegas_core/test_graphs.py ;;
     *) echo "unknown stage $stage" ;;
