@@ -51,9 +51,6 @@ MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plu
 # on too. Off: measured within noise on the H200 (verification 5.49 -> 5.44 ms an iteration, vanilla
 # and vegas unchanged; `bench e2e --verify-pdl`, bench/NOTES.md version 38).
 USE_PDL = False
-# Load hints for the K/V tiles (Triton's cache_modifier, eviction_policy): ("", "") none. Under
-# measurement (scripts/device/probe_kv_hints.py): the K/V a step reads is streamed once.
-KV_LOAD_HINT = ("", "")
 
 
 class LaunchConfig(NamedTuple):
@@ -196,7 +193,7 @@ if triton is not None:
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                  s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 MASKED: tl.constexpr, CACHE: tl.constexpr = "", EVICT: tl.constexpr = ""):
+                 MASKED: tl.constexpr):
         """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table.
         Without MASKED every key is below `ctx` (the caller's promise) and no load is masked."""
         offs_n = tl.arange(0, BLOCK_N)
@@ -212,14 +209,12 @@ if triton is not None:
         if MASKED or BLOCK_D != HEAD_DIM:
             kv_mask = n_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
             k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd, mask=kv_mask,
-                             other=0.0, cache_modifier=CACHE, eviction_policy=EVICT)
+                             other=0.0)
             v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd, mask=kv_mask,
-                             other=0.0, cache_modifier=CACHE, eviction_policy=EVICT)
+                             other=0.0)
         else:
-            k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd,
-                             cache_modifier=CACHE, eviction_policy=EVICT)
-            v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd,
-                             cache_modifier=CACHE, eviction_policy=EVICT)
+            k_tile = tl.load(k_ptr + base_k[:, None] + offs_d[None, :] * s_kd)
+            v_tile = tl.load(v_ptr + base_v[:, None] + offs_d[None, :] * s_vd)
         return pos, n_valid, k_tile, v_tile
 
     @triton.jit
@@ -234,8 +229,7 @@ if triton is not None:
                      logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
                      s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                     CACHE: tl.constexpr = "", EVICT: tl.constexpr = ""):
+                     COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
         and fold into the online-softmax state (m_i, l_i, acc).
 
@@ -252,8 +246,7 @@ if triton is not None:
         (`launch_config` does) for collecting to leave the output unchanged."""
         pos, n_valid, k_tile, v_tile = _load_kv(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED, CACHE,
-            EVICT)
+            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         if MASKED:
             visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
@@ -315,7 +308,7 @@ if triton is not None:
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-            USE_PDL: tl.constexpr, CACHE: tl.constexpr = "", EVICT: tl.constexpr = ""):
+            USE_PDL: tl.constexpr):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -387,7 +380,7 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, CACHE, EVICT)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
                 start += BLOCK_N
             while start < hi:
                 m_i, l_i, acc = _attend_tile(
@@ -395,7 +388,7 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, CACHE, EVICT)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
                 start += BLOCK_N
         else:
             for start in range(lo, mid, BLOCK_N):
@@ -404,14 +397,14 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, CACHE, EVICT)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
             for start in range(mid, hi, BLOCK_N):
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, CACHE, EVICT)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -622,7 +615,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
         FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(), CACHE=KV_LOAD_HINT[0], EVICT=KV_LOAD_HINT[1],
+        INTERPRET=_interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](

@@ -76,7 +76,8 @@
 #            KV head, with tiles, warps and splits, beside cuDNN SDPA (scripts/device/probe_decode_packed.py;
 #            it needs commit b6ca0de's kernel restored, see its header)
 #   vtests   verify_attention's tests and the CUDA-graph path, compiled
-#   hints    verify_attention's K/V loads with cache / eviction hints (scripts/device/probe_kv_hints.py)
+#   hints    verify_attention's K/V loads with cache / eviction hints (scripts/device/probe_kv_hints.py;
+#            it needs commit f169a0f's kernel restored, see its header)
 #   ncu1     Nsight Compute's counters and warp stall reasons for the attention kernels at one row
 #            (scripts/device/ncu_kernels.py --q-rows 1), into $OUT/ncu-1row.txt
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step

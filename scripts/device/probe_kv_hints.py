@@ -3,7 +3,12 @@
 once: leave L2 to what is reused), .cg (skip L1), both, evict_last. Batch 64, SmolLM2's shape at
 one row (a plain decode step, 6K and 8K) and 8 rows (no collection and C2Q, 8K), the 8B-like
 shape at one and 8 rows (8K). The same output bits with every hint is checked (hints do not
-change arithmetic). Writes $OUT/results/kernels-kv-hints.json."""
+change arithmetic). Writes $OUT/results/kernels-kv-hints.json.
+
+Measured (run 48, bench/results/kernels-2026-12-04-h200-run48-kv-hints.json): no hint moved any
+case by more than 0.3 %, so the hints were taken out again (bench/NOTES.md version 48). The
+kernel with them is commit f169a0f; to run this again, restore it first:
+    git show f169a0f:kernels/verify_attention.py > kernels/verify_attention.py"""
 import datetime
 import json
 import os
