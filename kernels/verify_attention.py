@@ -51,6 +51,10 @@ MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plu
 # on too. Off: measured within noise on the H200 (verification 5.49 -> 5.44 ms an iteration, vanilla
 # and vegas unchanged; `bench e2e --verify-pdl`, bench/NOTES.md version 38).
 USE_PDL = False
+# Tiles ahead whose block-table entries a program loads before it needs them (0: each tile loads its
+# own in front of its K/V gather, a dependent global load). Under measurement
+# (scripts/device/probe_page_ahead.py).
+PAGE_AHEAD = 0
 
 
 class LaunchConfig(NamedTuple):
@@ -193,14 +197,18 @@ if triton is not None:
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                  s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 MASKED: tl.constexpr):
+                 MASKED: tl.constexpr, page_ahead, HAVE_PAGE: tl.constexpr):
         """The BLOCK_N keys from `start`: positions, validity, and K/V gathered via the table.
-        Without MASKED every key is below `ctx` (the caller's promise) and no load is masked."""
+        Without MASKED every key is below `ctx` (the caller's promise) and no load is masked.
+        HAVE_PAGE: the caller loaded this tile's block-table entries already (`page_ahead`,
+        `_load_pages`)."""
         offs_n = tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         pos = start + offs_n
         n_valid = pos < ctx
-        if MASKED:
+        if HAVE_PAGE:
+            page = page_ahead
+        elif MASKED:
             page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
         else:
             page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
@@ -218,6 +226,13 @@ if triton is not None:
         return pos, n_valid, k_tile, v_tile
 
     @triton.jit
+    def _load_pages(start, tables_ptr, req, ctx, s_tb, BLOCK_SIZE: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """The block-table entries of the BLOCK_N keys from `start` (0 past `ctx`)."""
+        pos = start + tl.arange(0, BLOCK_N)
+        return tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=pos < ctx, other=0)
+
+    @triton.jit
     def _store_logits(logits_ptr, s, slot, head, keep, pos, n_valid, s_gr, s_gh, s_gc):
         dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr + head[:, None] * s_gh
                + pos[None, :] * s_gc)
@@ -229,7 +244,8 @@ if triton is not None:
                      logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd,
                      s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                     COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+                     COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                     page_ahead, HAVE_PAGE: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
         and fold into the online-softmax state (m_i, l_i, acc).
 
@@ -246,7 +262,8 @@ if triton is not None:
         (`launch_config` does) for collecting to leave the output unchanged."""
         pos, n_valid, k_tile, v_tile = _load_kv(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED)
+            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
+            page_ahead, HAVE_PAGE)
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         if MASKED:
             visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
@@ -308,7 +325,7 @@ if triton is not None:
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-            USE_PDL: tl.constexpr):
+            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -370,41 +387,76 @@ if triton is not None:
         if UNMASKED_TILES:
             full_end = tl.minimum(hi, ctx - q_len + 1)
             mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
+        # PAGE_AHEAD tiles ahead, the block-table entries: p0 this tile's, p1 the next's.
+        p0 = tl.zeros([BLOCK_N], dtype=tl.int32)
+        p1 = tl.zeros([BLOCK_N], dtype=tl.int32)
+        if PAGE_AHEAD > 0:
+            p0 = _load_pages(lo, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N)
+        if PAGE_AHEAD > 1:
+            p1 = _load_pages(lo + BLOCK_N, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N)
         if INTERPRET:
             # Triton 3.6's interpreter cannot take a loaded scalar as a range() bound under NumPy 2
             # (its __index__ calls int() on a 1-element array); while loops evaluate the same.
             start = lo
             while start < mid:
+                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
+                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
+                if PAGE_AHEAD == 1:
+                    p0 = nxt
+                if PAGE_AHEAD == 2:
+                    p0 = p1
+                    p1 = nxt
                 start += BLOCK_N
             while start < hi:
+                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
+                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
+                if PAGE_AHEAD == 1:
+                    p0 = nxt
+                if PAGE_AHEAD == 2:
+                    p0 = p1
+                    p1 = nxt
                 start += BLOCK_N
         else:
             for start in range(lo, mid, BLOCK_N):
+                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
+                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
+                if PAGE_AHEAD == 1:
+                    p0 = nxt
+                if PAGE_AHEAD == 2:
+                    p0 = p1
+                    p1 = nxt
             for start in range(mid, hi, BLOCK_N):
+                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
+                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
+                if PAGE_AHEAD == 1:
+                    p0 = nxt
+                if PAGE_AHEAD == 2:
+                    p0 = p1
+                    p1 = nxt
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -615,7 +667,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
         FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(),
+        INTERPRET=_interpreting(), PAGE_AHEAD=PAGE_AHEAD,
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
