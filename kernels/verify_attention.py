@@ -51,10 +51,10 @@ MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plu
 # on too. Off: measured within noise on the H200 (verification 5.49 -> 5.44 ms an iteration, vanilla
 # and vegas unchanged; `bench e2e --verify-pdl`, bench/NOTES.md version 38).
 USE_PDL = False
-# Tiles ahead whose block-table entries a program loads before it needs them (0: each tile loads its
-# own in front of its K/V gather, a dependent global load). Under measurement
-# (scripts/device/probe_page_ahead.py).
-PAGE_AHEAD = 0
+# A plain decode step's launch at head dim 64 loads each tile's block-table entries one tile ahead,
+# over 3 stages (`launch_config`); False: the launch every other call takes (an A/B switch, `bench
+# e2e --no-page-ahead`).
+ONE_ROW_PAGE_AHEAD = True
 
 
 class LaunchConfig(NamedTuple):
@@ -64,12 +64,15 @@ class LaunchConfig(NamedTuple):
     fused_merge: bool    # the last split merges (kernels.split_merge), not a second kernel
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
     unmasked_tiles: bool  # tiles every row sees whole skip the masks (_attend_tile)
+    page_ahead: int = 0  # tiles ahead whose block-table entries a program loads (0, 1 or 2)
 
 
-def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> LaunchConfig:
+def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
+                  q_rows: int | None = None) -> LaunchConfig:
     """The launch per collection path: 0 none, 1 rows stored from the main tile (any row set),
     2 the first/last tile (Collect-2-Query), for a ``block_m``-row tile (rows x query heads per
-    KV head, padded to a power of two). Measured on the H200 at batch 64 x 8K, 8 rows:
+    KV head, padded to a power of two) and at most ``q_rows`` rows a request. Measured on the H200
+    at batch 64 x 8K, 8 rows:
     - tile, warps, stages: `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
       (none also 24 configs in kernels-2026-11-30-h200.json): 128-key tiles, except 64 where
       logits are stored at head dim 128 and from the main tile;
@@ -100,12 +103,21 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32) -> Launch
       -> 331 against the earlier run). Compiled, an unmasked tile's scores can differ from a
       masked one's in the last bit (the GPU test that collecting leaves the output unchanged
       failed with C2Q unmasked and no collection masked), so every path of one head dim makes
-      the same choice: at 64 all keep masking every tile."""
+      the same choice: at 64 all keep masking every tile;
+    - a plain decode step (one row, no collection) at head dim 64: each tile's block-table entries
+      loaded one tile ahead (`_load_pages`), over 3 stages (`scripts/device/probe_page_ahead.py`,
+      kernels-2026-12-04-h200-run49-page-ahead.json, batch 64): 119.3 -> 111.2 us at 8K (80 -> 86 %
+      of copy), 93.6 -> 89.6 at 6K; either change alone moved less than 2 %, two tiles ahead was
+      slower everywhere, and 8 rows (137.4 either way; 149.0 with 3 stages) and head dim 128
+      (495.3 -> 498.7 at one row) did not gain, so only that launch takes it. It changes when
+      loads are issued, not the arithmetic: the same bits (checked at every shape)."""
     small = head_dim <= 64
     unmasked = not small          # one choice per head dim for every path (see above)
     if collect_mode == 0:
-        return LaunchConfig(128, 4, 2, fused_merge=small, max_registers=168 if small else 0,
-                            unmasked_tiles=unmasked)
+        ahead = small and q_rows == 1 and ONE_ROW_PAGE_AHEAD
+        return LaunchConfig(128, 4, 3 if ahead else 2, fused_merge=small,
+                            max_registers=168 if small else 0, unmasked_tiles=unmasked,
+                            page_ahead=1 if ahead else 0)
     if collect_mode == 2:
         capped = block_m <= 32
         return LaunchConfig(128 if small else 64, 4, 2, fused_merge=capped,
@@ -557,7 +569,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      max_q: int | None = None, row_slot: torch.Tensor | None = None,
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
-                     max_registers: int | None = None, unmasked_tiles: bool | None = None):
+                     max_registers: int | None = None, unmasked_tiles: bool | None = None,
+                     page_ahead: int | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -600,7 +613,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles)
+                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -610,7 +623,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           block_n: int | None = None, num_warps: int | None = None,
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
-                          unmasked_tiles: bool | None = None) -> None:
+                          unmasked_tiles: bool | None = None,
+                          page_ahead: int | None = None) -> None:
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -624,8 +638,10 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     (`kernels.split_merge`); False launches `_merge_splits_kernel` after. ``max_registers`` caps
     registers per thread (Triton's ``maxnreg``; 0: no cap), which sets how many programs an SM
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
-    False masks every tile (the same output within rounding, not always bit for bit). All of
-    these, like the tile, warps and stages, default to `launch_config`'s."""
+    False masks every tile (the same output within rounding, not always bit for bit).
+    ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
+    the tile it will gather (0: in front of the gather; the same bits any way). All of these, like
+    the tile, warps and stages, default to `launch_config`'s."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -634,12 +650,15 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
     block_m = max(16, triton.next_power_of_2(max_q * group))
-    cfg = launch_config(collect_mode, dim, block_m)
+    cfg = launch_config(collect_mode, dim, block_m, max_q)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
     max_registers = cfg.max_registers if max_registers is None else max_registers
     unmasked_tiles = cfg.unmasked_tiles if unmasked_tiles is None else unmasked_tiles
+    page_ahead = cfg.page_ahead if page_ahead is None else page_ahead
+    if page_ahead not in (0, 1, 2):
+        raise ValueError(f"page_ahead must be 0, 1 or 2, got {page_ahead}")
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -667,7 +686,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode, SPLIT=split,
         FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(), PAGE_AHEAD=PAGE_AHEAD,
+        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead,
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](

@@ -1,6 +1,6 @@
 """A/B in one process: verify_attention loading each tile's block-table entries PAGE_AHEAD tiles
-ahead (`kernels.verify_attention.PAGE_AHEAD`: 0, the tile's own load in front of its K/V gather; 1;
-2), with 2 and 3 pipeline stages. Nsight Compute at one row (run 48) had the program latency-bound
+ahead (`verify_attention(page_ahead=...)`: 0, the tile's own load in front of its K/V gather; 1; 2),
+with 2 and 3 pipeline stages. Nsight Compute at one row (run 48) had the program latency-bound
 with a third of its stall on global loads. Batch 64, SmolLM2's shape at one row (6K and 8K) and
 8 rows (no collection and C2Q, 8K), the 8B-like shape at one and 8 rows (8K). The same output bits
 every way is checked. Writes $OUT/results/kernels-page-ahead.json."""
@@ -35,7 +35,7 @@ for shape, rows, ctx_len in cases:
             kw.update(collect=crow, row_slot=slots, c2q_tile=True)
         base = None
         for ahead, stages in VARIANTS:
-            va.PAGE_AHEAD = ahead
+            kw["page_ahead"] = ahead
             if stages:
                 kw["num_stages"] = stages
             else:
@@ -52,7 +52,6 @@ for shape, rows, ctx_len in cases:
             records.append(rec)
             print(f"{shape} rows {rows} ctx {ctx_len} {collect:4s} ahead {ahead} stages {stages}: {us:7.1f} us "
                   f"{rec['copy_fraction']:.0%} of copy same={same}")
-    va.PAGE_AHEAD = 0
     del k, v
     torch.cuda.empty_cache()
 os.makedirs(os.environ["OUT"] + "/results", exist_ok=True)

@@ -197,6 +197,40 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert not any(launch_config(mode, 64, rows).unmasked_tiles for mode in (0, 1, 2))
 
 
+@pytest.mark.parametrize("unmasked", [False, True])
+def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked):
+    """`page_ahead` 1 or 2 only moves when a tile's block-table entries are loaded (into the
+    iteration before, or two before): the same output and logits bits as loading them in front of
+    the gather, over ragged requests, splits that end mid-context, both tile kinds and collection;
+    a one-row batch as a plain decode step runs it."""
+    for q_lens, ctx_lens in (([1, 2, 8, 17], [5, 40, 37, 70]), ([1, 1, 1], [30, 51, 18])):
+        args = make_case(q_lens, ctx_lens, 9, 3, 16, seed=21)
+        for collect in ("none", "c2q"):
+            kw = dict(collect=collect, num_splits=3, block_n=16, unmasked_tiles=unmasked)
+            want = verify_attention(*args, page_ahead=0, **kw)
+            for ahead in (1, 2):
+                got = verify_attention(*args, page_ahead=ahead, **kw)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+                if collect != "none":
+                    assert torch.equal(got[2].logits, want[2].logits)
+    with pytest.raises(ValueError, match="page_ahead"):
+        verify_attention(*args, page_ahead=3)
+
+
+def test_one_row_launch_loads_pages_ahead_only_where_measured(monkeypatch):
+    """Run 49: one tile ahead over 3 stages sped the one-row call at head dim 64 and nothing else."""
+    import kernels.verify_attention as va
+    from kernels.verify_attention import launch_config
+    one = launch_config(0, 64, 16, q_rows=1)
+    assert (one.page_ahead, one.num_stages) == (1, 3)
+    for cfg in (launch_config(0, 64, 16, q_rows=2), launch_config(0, 128, 16, q_rows=1),
+                launch_config(2, 64, 16, q_rows=1), launch_config(1, 64, 16, q_rows=1),
+                launch_config(0, 64, 32)):
+        assert (cfg.page_ahead, cfg.num_stages) == (0, 2)
+    monkeypatch.setattr(va, "ONE_ROW_PAGE_AHEAD", False)
+    assert launch_config(0, 64, 16, q_rows=1).page_ahead == 0
+
+
 def test_default_split_count():
     """About eight programs per SM, never a split shorter than 512 keys, never more than 64."""
     assert default_num_splits(64, 8, 8192, num_sms=132) == 2      # 512 programs -> 2 per (req, head)

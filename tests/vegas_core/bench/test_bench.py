@@ -106,6 +106,7 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
     # The reference path runs neither the one-launch selection nor PDL (both GPU kernel paths).
     assert doc["fused_select"] is False and doc["verify_pdl"] is False and doc["pdl"] is False
     assert doc["packed_sparse"] is False and doc["sparse_fused_merge"] is False   # kernel-path choices
+    assert doc["one_row_page_ahead"] is False
     assert doc["sparse_split_tiles"] == 2
     recs = doc["records"]
     # The bound no plain decoder passes: weights plus the batch's whole KV a step, at the measured
