@@ -245,6 +245,27 @@ if triton is not None:
         return tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=pos < ctx, other=0)
 
     @triton.jit
+    def _pages_ahead(start, p0, tables_ptr, req, ctx, s_tb, BLOCK_SIZE: tl.constexpr,
+                     BLOCK_N: tl.constexpr, PAGE_AHEAD: tl.constexpr):
+        """Inside the key loop at tile `start`: the block-table entries of the tile PAGE_AHEAD
+        tiles on (`p0`, unused, when PAGE_AHEAD is 0)."""
+        nxt = p0
+        if PAGE_AHEAD > 0:
+            nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, ctx, s_tb,
+                              BLOCK_SIZE, BLOCK_N)
+        return nxt
+
+    @triton.jit
+    def _shift_pages(p0, p1, nxt, PAGE_AHEAD: tl.constexpr):
+        """After a tile: (this tile's, the next's) entries move one tile on, `nxt` joining."""
+        if PAGE_AHEAD == 1:
+            p0 = nxt
+        if PAGE_AHEAD == 2:
+            p0 = p1
+            p1 = nxt
+        return p0, p1
+
+    @triton.jit
     def _store_logits(logits_ptr, s, slot, head, keep, pos, n_valid, s_gr, s_gh, s_gc):
         dst = (logits_ptr + slot.to(tl.int64)[:, None] * s_gr + head[:, None] * s_gh
                + pos[None, :] * s_gc)
@@ -411,64 +432,48 @@ if triton is not None:
             # (its __index__ calls int() on a 1-element array); while loops evaluate the same.
             start = lo
             while start < mid:
-                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
-                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
+                nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
+                                   PAGE_AHEAD)
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
-                if PAGE_AHEAD == 1:
-                    p0 = nxt
-                if PAGE_AHEAD == 2:
-                    p0 = p1
-                    p1 = nxt
+                p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
             while start < hi:
-                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
-                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
+                nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
+                                   PAGE_AHEAD)
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
-                if PAGE_AHEAD == 1:
-                    p0 = nxt
-                if PAGE_AHEAD == 2:
-                    p0 = p1
-                    p1 = nxt
+                p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
         else:
             for start in range(lo, mid, BLOCK_N):
-                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
-                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
+                nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
+                                   PAGE_AHEAD)
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
-                if PAGE_AHEAD == 1:
-                    p0 = nxt
-                if PAGE_AHEAD == 2:
-                    p0 = p1
-                    p1 = nxt
+                p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
             for start in range(mid, hi, BLOCK_N):
-                nxt = _load_pages(start + PAGE_AHEAD * BLOCK_N, tables_ptr, req, hi, s_tb,
-                                  BLOCK_SIZE, BLOCK_N) if PAGE_AHEAD > 0 else p0
+                nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
+                                   PAGE_AHEAD)
                 m_i, l_i, acc = _attend_tile(
                     start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
-                if PAGE_AHEAD == 1:
-                    p0 = nxt
-                if PAGE_AHEAD == 2:
-                    p0 = p1
-                    p1 = nxt
+                p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail

@@ -12,7 +12,7 @@ with open(base_path, encoding="utf-8") as f:
 kept = {k: v for k, v in base["tuned"].items() if k not in new["tuned"]}
 merged = dict(new)
 merged["tuned"] = {**new["tuned"], **kept}
-merged["command"] = f"scripts/device/merge_tune.py of the two files named in merged_from"
+merged["command"] = "scripts/device/merge_tune.py of the two files named in merged_from"
 merged["merged_from"] = [f"{new_path}: {', '.join(new['tuned'])} ({new['command']})",
                          f"{base_path}: {', '.join(kept) or 'nothing'} (not re-tuned)"]
 merged["complete"] = True
