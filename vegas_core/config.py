@@ -38,7 +38,7 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
 
-    @property
-    def kv_entry_bytes_bf16(self) -> int:
-        """Bytes of one token's K and V over all layers in bf16 (the unit of KV bandwidth)."""
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * 2
+    def kv_bytes_per_token(self, itemsize: int) -> int:
+        """Bytes of one token's K and V over all layers, at `itemsize` bytes an element (the unit
+        of KV bandwidth and of the pool's size)."""
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * itemsize

@@ -37,8 +37,7 @@ class KVPool:
 
     @staticmethod
     def bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return config.num_layers * 2 * block_size * config.num_kv_heads * config.head_dim * itemsize
+        return block_size * config.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
 
     def copy_slots(self, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every layer's K and V at flat slots `dst` = those at `src` (one gather, one scatter)."""

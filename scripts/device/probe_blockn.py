@@ -9,7 +9,8 @@ import os
 import torch
 
 from vegas_core.bench.common import device_description
-from vegas_core.bench.kernels import _time_verify_configs, copy_bandwidth
+from vegas_core.bench.kernels import _time_verify_configs
+from vegas_core.bench.common import copy_bandwidth
 
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)

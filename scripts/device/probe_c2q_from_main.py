@@ -14,7 +14,8 @@ import torch
 
 from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
 from vegas_core.bench.common import device_description
-from vegas_core.bench.kernels import _bench, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import _bench, paged_case
+from vegas_core.bench.common import copy_bandwidth
 
 dev = torch.device("cuda")
 copy = copy_bandwidth(dev)

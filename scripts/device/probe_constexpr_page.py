@@ -6,7 +6,8 @@ kernels are not kept in the tree; to run it again, restore them first:
 (and delete them after)."""
 import json, math, os
 import torch
-from vegas_core.bench.kernels import _bench, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import _bench, paged_case
+from vegas_core.bench.common import copy_bandwidth
 from vegas_core.bench import common
 import kernels.verify_attention as new_v, kernels._ab_before_verify as old_v
 import kernels.sparse_attention as new_s, kernels._ab_before_sparse as old_s

@@ -18,7 +18,8 @@ import torch
 
 import kernels.verify_attention as va
 from vegas_core.bench import common
-from vegas_core.bench.kernels import _bench, _sdpa, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import _bench, _sdpa, paged_case
+from vegas_core.bench.common import copy_bandwidth
 from kernels.verify_attention import collected_row_slots, collected_rows
 
 dev = torch.device("cuda")

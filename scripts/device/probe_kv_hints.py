@@ -18,7 +18,8 @@ import torch
 import kernels.verify_attention as va
 from kernels.verify_attention import collected_row_slots, collected_rows
 from vegas_core.bench import common
-from vegas_core.bench.kernels import SHAPES, _bench, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import SHAPES, _bench, paged_case
+from vegas_core.bench.common import copy_bandwidth
 
 HINTS = [("", ""), ("", "evict_first"), (".cg", ""), (".cg", "evict_first"), ("", "evict_last")]
 dev = torch.device("cuda")

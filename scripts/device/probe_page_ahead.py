@@ -13,7 +13,8 @@ import torch
 import kernels.verify_attention as va
 from kernels.verify_attention import collected_row_slots, collected_rows
 from vegas_core.bench import common
-from vegas_core.bench.kernels import SHAPES, _bench, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import SHAPES, _bench, paged_case
+from vegas_core.bench.common import copy_bandwidth
 
 VARIANTS = [(0, None), (1, None), (2, None), (0, 3), (1, 3), (2, 3)]   # (PAGE_AHEAD, num_stages)
 dev = torch.device("cuda")

@@ -10,7 +10,8 @@ again, from the repository root with PYTHONPATH=.:
 import json, os, torch, datetime
 import kernels.verify_attention as new_v, kernels._ab_before_verify as old_v
 from kernels.verify_attention import collected_row_slots, collected_rows
-from vegas_core.bench.kernels import _bench, copy_bandwidth, paged_case
+from vegas_core.bench.kernels import _bench, paged_case
+from vegas_core.bench.common import copy_bandwidth
 from vegas_core.bench.common import device_description
 dev = torch.device("cuda"); copy = copy_bandwidth(dev); recs = []
 for rows in (7, 9):

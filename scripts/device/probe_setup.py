@@ -13,8 +13,8 @@ from typing import NamedTuple
 
 import torch
 
-from vegas_core.bench.common import device_description
-from vegas_core.bench.kernels import _bench, copy_bandwidth
+from vegas_core.bench.common import copy_bandwidth, device_description
+from vegas_core.bench.kernels import _bench
 
 
 class Probe(NamedTuple):

@@ -178,7 +178,7 @@ def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int
     tokens/s" at batch 64 x 8K): each step of `batch` requests reads at least the weights once and
     every request's whole KV, at best at the measured copy bandwidth. A request's context over its
     generated tokens averages prompt + (gen - 1) / 2 tokens. Issue 5 holds vanilla to 75 % of it."""
-    kv_per_token = config.num_layers * 2 * config.num_kv_heads * config.head_dim * itemsize
+    kv_per_token = config.kv_bytes_per_token(itemsize)
     mean_context = sum(len(p) for p in workload.prompts) / len(workload.prompts) \
         + (workload.gen_tokens - 1) / 2
     step_bytes = weight_bytes + workload.batch * mean_context * kv_per_token

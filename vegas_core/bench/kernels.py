@@ -93,9 +93,6 @@ def _bench(fn) -> float:
         return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-copy_bandwidth = common.copy_bandwidth
-
-
 PLACEMENTS = ("shuffled", "sequential", "interleaved", "scattered")
 
 
@@ -557,7 +554,7 @@ def run(args, argv: list[str]) -> str:
                                           "TRITON_INTERPRET=1")
     torch.manual_seed(0)
     _check_verify(device)
-    copy_tbps = copy_bandwidth(device)
+    copy_tbps = common.copy_bandwidth(device)
     sweep_b, sweep_ctx = (int(x) for x in args.sweep_shape.split("x"))
     records, tuned = [], {}
     if args.tune:
