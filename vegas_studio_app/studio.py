@@ -396,7 +396,9 @@ class Studio:
             ids = [r.request_id for r in trace.requests]
             req = trace.requests[0]
             n_it = max(1, len(req.iterations))
-            cur = (s.revealed - 1) if s.paused and s.revealed else n_it - 1
+            # Paused: the iteration on screen. Finished: the last one that selected, since a run's
+            # final iteration drafts nothing when a single token is left to emit.
+            cur = (s.revealed - 1) if s.paused and s.revealed else _last_selecting(req.iterations, n_it - 1)
             length = max((it.position for it in req.iterations), default=1)
             start = max(0, length - 128)
             req_u = gr.update(choices=ids, value=ids[0])
@@ -558,6 +560,11 @@ class _ReplayResult:
 class _EmptyTrace:
     requests: list = []
     token_texts: dict = {}
+
+
+def _last_selecting(iterations, default: int) -> int:
+    """The index of the last iteration that recorded a KV selection, else `default`."""
+    return next((i for i in range(len(iterations) - 1, -1, -1) if iterations[i].selection is not None), default)
 
 
 def _request_index(trace, request_id) -> int:

@@ -81,9 +81,13 @@ def wait_done(page, timeout=STREAM_TIMEOUT_MS):
         " return s && /^(done|stopped|⚠)/.test(s.textContent.trim()); }", timeout=timeout)
 
 
-def plot_data(page, elem_id: str):
-    """The Plotly traces a gr.Plot drew (read from the plot's DOM node)."""
-    page.wait_for_selector(f"#{elem_id} .js-plotly-plot", timeout=30_000)
+def plot_data(page, elem_id: str, until: str = "el.data.length > 0", timeout: int = 60_000):
+    """The Plotly traces a gr.Plot drew (read from the plot's DOM node), once `until` holds for the plot
+    element `el`. The views refresh in a follow-up event after the run's status says done, so a plot
+    read at once may still be the placeholder (a message, no traces) or the previous run's figure."""
+    page.wait_for_function(
+        f"""() => {{ const el = document.querySelector('#{elem_id} .js-plotly-plot');
+        return !!el && !!el.data && ({until}); }}""", timeout=timeout)
     return page.evaluate(
         f"""() => {{ const el = document.querySelector('#{elem_id} .js-plotly-plot');
         return el.data.map(t => ({{name: t.name || null, x: t.x ? Array.from(t.x) : null,
@@ -250,7 +254,8 @@ def test_compare_shows_lossless_pass(page):
     assert "Lossless check passed" in page.inner_text("#compare-table")
     shot(page, "compare")
     open_tab(page, "Acceptance")
-    names = [t["name"] for t in plot_data(page, "acc-position")]
+    names = [t["name"] for t in plot_data(page, "acc-position",
+                                          until="el.data.some(t => t.name === 'vegas (compare)')")]
     assert "stream (compare)" in names and "vegas (compare)" in names
 
 
@@ -274,7 +279,8 @@ def test_export_trace_and_reimport_it(page, tmp_path):
     open_tab(page, "Generate")
     assert page.locator("#token-stream .vs-tok:not(.vs-rejected)").count() == len(data["requests"][0]["output_token_ids"])
     open_tab(page, "KV selection")
-    assert len(plot_data(page, "kv-overview")[0]["z"]) == 30
+    replayed = plot_data(page, "kv-overview", until="(el.layout.title?.text || '').includes('(stream)') && el.data.length > 0")
+    assert len(replayed[0]["z"]) == 30
     shot(page, "replay")
 
 
