@@ -30,13 +30,13 @@ from kernels.split_merge import arrival_counters, last_to_arrive
 
 
 @triton.jit
-def _swap_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_acc_ptr, part_ml_ptr, cnt_ptr,
-                 tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits,
+def _swap_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr, part_acc_ptr,
+                 part_ml_ptr, cnt_ptr, tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, logits_len,
                  s_qt, s_qh, s_qd, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd,
-                 s_ot, s_oh, s_od, s_lt, s_lh, s_tb, s_ps, s_pt, s_ph,
+                 s_ot, s_oh, s_od, s_lt, s_lh, s_gr, s_gh, s_gc, s_tb, s_ps, s_pt, s_ph,
                  BLOCK_SIZE: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                 PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
+                 COLLECT: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr):
     req = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -56,6 +56,10 @@ def _swap_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_acc_ptr, part_ml_pt
     row_pos = ctx - q_len + row
     q_t = tl.load(q_ptr + (q_start + row)[None, :] * s_qt + head[None, :] * s_qh
                   + offs_d[:, None] * s_qd, mask=m_valid[None, :] & d_valid[:, None], other=0.0)
+    # COLLECT: the rows with a slot (the first and last of each request, for Collect-2-Query) are
+    # stored from the score tile itself, a key column of it per tile.
+    slot = tl.load(slot_ptr + q_start + row, mask=m_valid & COLLECT, other=-1)
+    keep = (slot >= 0) & m_valid
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -65,16 +69,22 @@ def _swap_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_acc_ptr, part_ml_pt
         while start < hi:
             m_i, l_i, acc_t = _swap_tile(start, q_t, row_pos, m_valid, m_i, l_i, acc_t, k_ptr, v_ptr,
                                          tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                                         s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                                         HEAD_DIM, PRECISION)
+                                         s_vb, s_vt, s_vh, s_vd, s_tb, logits_ptr, slot, head, keep,
+                                         s_gr, s_gh, s_gc, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                         COLLECT, PRECISION)
             start += BLOCK_N
     else:
         for start in range(lo, hi, BLOCK_N):
             m_i, l_i, acc_t = _swap_tile(start, q_t, row_pos, m_valid, m_i, l_i, acc_t, k_ptr, v_ptr,
                                          tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
-                                         s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                                         HEAD_DIM, PRECISION)
+                                         s_vb, s_vt, s_vh, s_vd, s_tb, logits_ptr, slot, head, keep,
+                                         s_gr, s_gh, s_gc, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM,
+                                         COLLECT, PRECISION)
 
+    if COLLECT:
+        if split == num_splits - 1:
+            va._store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
+                               BLOCK_M, BLOCK_N, INTERPRET)
     o_rows = q_start + row
     part = split * s_ps + o_rows * s_pt + head * s_ph
     tl.store(part_acc_ptr + part[None, :] * HEAD_DIM + offs_d[:, None], acc_t,
@@ -89,15 +99,20 @@ def _swap_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, part_acc_ptr, part_ml_pt
 
 @triton.jit
 def _swap_tile(start, q_t, row_pos, m_valid, m_i, l_i, acc_t, k_ptr, v_ptr, tables_ptr, req, kvh,
-               ctx, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_tb,
-               BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-               HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr):
+               ctx, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_tb, logits_ptr, slot,
+               head, keep, s_gr, s_gh, s_gc, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, COLLECT: tl.constexpr,
+               PRECISION: tl.constexpr):
     pos, n_valid, k_tile, v_tile = va._load_kv(
         start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh,
         s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, 0, False)
     s_t = tl.dot(k_tile, q_t, input_precision=PRECISION) * scale          # [BLOCK_N, BLOCK_M]
     visible = (pos[:, None] <= row_pos[None, :]) & n_valid[:, None] & m_valid[None, :]
     s_t = tl.where(visible, s_t, float("-inf"))
+    if COLLECT:
+        dst = (logits_ptr + slot.to(tl.int64)[None, :] * s_gr + head[None, :] * s_gh
+               + pos[:, None] * s_gc)
+        tl.store(dst, s_t.to(tl.bfloat16), mask=keep[None, :] & n_valid[:, None])
     m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
     alpha = tl.exp(m_i - m_new)
     p_t = tl.exp(s_t - m_new[None, :])
@@ -108,8 +123,9 @@ def _swap_tile(start, q_t, row_pos, m_valid, m_i, l_i, acc_t, k_ptr, v_ptr, tabl
 
 
 def swap_attention(q, k_cache, v_cache, tables, ctx, loc, scale, max_q, num_splits,
-                   block_n=128, num_warps=4, num_stages=2, maxnreg=0):
-    """(out, lse, compiled kernel)."""
+                   block_n=128, num_warps=4, num_stages=2, maxnreg=0, logits=None, row_slot=None):
+    """(out, lse, compiled kernel). With `logits` ([R, heads, W] bf16) and `row_slot` (int32
+    [total], as `collected_row_slots` builds it) the rows with a slot are collected."""
     total, heads, dim = q.shape
     batch, kv_heads = ctx.shape[0], k_cache.shape[2]
     group = heads // kv_heads
@@ -120,23 +136,34 @@ def swap_attention(q, k_cache, v_cache, tables, ctx, loc, scale, max_q, num_spli
     counters = arrival_counters(q.device, batch * kv_heads)
     block_m = max(16, triton.next_power_of_2(max_q * group))
     extra = {"maxnreg": maxnreg} if maxnreg and not va._interpreting() else {}
+    collect = logits is not None
+    if not collect:
+        logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
+        row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
     compiled = _swap_kernel[(batch, kv_heads, num_splits)](
-        q, k_cache, v_cache, out, lse, part_acc, part_ml, counters, tables, ctx, loc, float(scale),
-        num_splits, *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
+        q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters, tables, ctx,
+        loc, float(scale), num_splits, logits.shape[2] if collect else 0, *q.stride(),
+        *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(), *logits.stride(),
         tables.stride(0), total * heads, heads, 1, k_cache.shape[1],
         GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=max(16, triton.next_power_of_2(dim)),
+        BLOCK_D=max(16, triton.next_power_of_2(dim)), COLLECT=collect,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", INTERPRET=va._interpreting(),
         num_warps=num_warps, num_stages=num_stages, **extra)
     return out, lse, compiled
 
 
+def _c2q(loc, total, device):
+    rows = va.collected_rows(loc.cpu(), "c2q")
+    return rows, va.collected_row_slots(rows, total).to(device)
+
+
 def check_on_cpu():
-    """Float32 against the reference: ragged lengths, 1 / 2 / 8 / 17 rows, GQA 1 / 3 / 8."""
+    """Float32 against the reference: ragged lengths, 1 / 2 / 8 / 17 rows, GQA 1 / 3 / 8, one and
+    three splits, without collection and with Collect-2-Query's rows."""
     torch.manual_seed(0)
     for heads, kvh, dim in ((9, 3, 64), (4, 4, 32), (8, 1, 16)):
         for rows in (1, 2, 8, 17):
-            ctxs = [37, 70, 129][: 3]
+            ctxs = [37, 70, 129]
             bs = 16
             per = max(-(-c // bs) for c in ctxs)
             nblocks = per * len(ctxs) + 1
@@ -144,16 +171,29 @@ def check_on_cpu():
             v = torch.randn(nblocks, bs, kvh, dim)
             tables = torch.randperm(nblocks - 1)[: per * len(ctxs)].view(len(ctxs), per).int()
             ctx = torch.tensor(ctxs, dtype=torch.int32)
-            loc = torch.arange(0, rows * len(ctxs) + 1, rows, dtype=torch.int32)
-            q = torch.randn(rows * len(ctxs), heads, dim)
-            ref, ref_lse, _ = va.verify_attention_reference(q, k, v, tables, ctx, loc, dim ** -0.5)
+            total = rows * len(ctxs)
+            loc = torch.arange(0, total + 1, rows, dtype=torch.int32)
+            q = torch.randn(total, heads, dim)
+            ref, ref_lse, ref_logits = va.verify_attention_reference(q, k, v, tables, ctx, loc, dim ** -0.5,
+                                                                     collect="c2q")
+            crow, slots = _c2q(loc, total, q.device)
             for splits in (1, 3):
-                out, lse, _ = swap_attention(q, k, v, tables, ctx, loc, dim ** -0.5, rows, splits,
-                                             block_n=32)
-                err = (out - ref).abs().max().item()
-                lerr = (lse - ref_lse).abs().max().item()
-                assert err < 1e-4 and lerr < 1e-4, (heads, kvh, dim, rows, splits, err, lerr)
-                print(f"ok heads {heads}/{kvh} d {dim} rows {rows} splits {splits}: {err:.1e} {lerr:.1e}")
+                for collect in (False, True):
+                    logits = torch.empty(len(crow), heads, max(ctxs) + 5, dtype=torch.bfloat16) if collect else None
+                    out, lse, _ = swap_attention(q, k, v, tables, ctx, loc, dim ** -0.5, rows, splits,
+                                                 block_n=32, logits=logits, row_slot=slots if collect else None)
+                    err = (out - ref).abs().max().item()
+                    lerr = (lse - ref_lse).abs().max().item()
+                    assert err < 1e-4 and lerr < 1e-4, (heads, kvh, dim, rows, splits, err, lerr)
+                    if collect:
+                        want = ref_logits.logits.float()
+                        got = logits[:, :, :max(ctxs)].float()
+                        assert torch.equal(torch.isinf(got), torch.isinf(want))
+                        fin = torch.isfinite(want)
+                        assert (got[fin] - want[fin]).abs().max().item() < 0.05
+                        assert bool(torch.isneginf(logits[:, :, max(ctxs):].float()).all())
+                    print(f"ok heads {heads}/{kvh} d {dim} rows {rows} splits {splits} collect {collect}: "
+                          f"{err:.1e} {lerr:.1e}")
 
 
 def probe():
@@ -163,51 +203,64 @@ def probe():
 
     dev = torch.device("cuda")
     copy = copy_bandwidth(dev)
-    configs = [(128, 4, 2, 0), (128, 4, 3, 0), (128, 4, 2, 168), (128, 8, 2, 0), (64, 4, 2, 0),
-               (64, 4, 3, 0), (256, 8, 2, 0)]
+    configs = [(128, 4, 2, 0), (128, 4, 3, 0), (128, 4, 2, 168), (128, 8, 2, 0), (64, 4, 2, 0)]
+    cases = [("smollm2", 8, ("none", "c2q")), ("smollm2", 9, ("none", "c2q")), ("smollm2", 1, ("none",)),
+             ("8b", 8, ("none", "c2q"))]
     records = []
-    for shape, rows in (("smollm2", 8), ("smollm2", 1), ("8b", 8)):
+    for shape, rows, collects in cases:
         heads, kvh, dim, _ = SHAPES[shape]
         batch, ctx_len = 64, 8192
         k, v, tables, ctx = paged_case(batch, ctx_len, kvh, dim, 16, dev)
-        q = torch.randn(batch * rows, heads, dim, device=dev, dtype=torch.bfloat16)
-        loc = torch.arange(0, batch * rows + 1, rows, dtype=torch.int32, device=dev)
+        total = batch * rows
+        q = torch.randn(total, heads, dim, device=dev, dtype=torch.bfloat16)
+        loc = torch.arange(0, total + 1, rows, dtype=torch.int32, device=dev)
+        crow, slots = _c2q(loc, total, dev)
         kv_bytes = 2 * batch * ctx_len * kvh * dim * 2
         splits = va.default_num_splits(batch, kvh, ctx_len)
         scale = dim ** -0.5
-        base_out, base_lse, _ = va.verify_attention(q, k, v, tables, ctx, loc, scale, max_ctx=ctx_len,
-                                                    max_q=rows, num_splits=splits)
-        base_us = _bench(lambda: va.verify_attention(q, k, v, tables, ctx, loc, scale, max_ctx=ctx_len,
-                                                     max_q=rows, num_splits=splits))
-        common_fields = dict(shape=shape, batch=batch, context=ctx_len, q_rows=rows, heads=heads,
-                             kv_heads=kvh, head_dim=dim, collect="none", num_splits=splits,
-                             kv_bytes=kv_bytes, copy_TBps=copy)
-        records.append(dict(kernel="verify_attention (engine)", us=base_us,
-                            copy_fraction=kv_bytes / (base_us * 1e-6) / 1e12 / copy, **common_fields))
-        print(f"{shape} rows {rows}: engine {base_us:7.1f} us {records[-1]['copy_fraction']:.0%} of copy")
-        for block_n, warps, stages, nreg in configs:
-            try:
-                out, lse, compiled = swap_attention(q, k, v, tables, ctx, loc, scale, rows, splits,
-                                                    block_n, warps, stages, nreg)
-                torch.cuda.synchronize()
-            except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
-                records.append(dict(kernel="swap_ab", block_n=block_n, num_warps=warps, num_stages=stages,
-                                    maxnreg=nreg, error=f"{type(e).__name__}: {e}"[:300], **common_fields))
-                print(f"  swap {block_n}/{warps}/{stages}/{nreg}: failed {records[-1]['error']}")
-                continue
-            us = _bench(lambda: swap_attention(q, k, v, tables, ctx, loc, scale, rows, splits,
-                                               block_n, warps, stages, nreg))
-            ptx = compiled.asm.get("ptx", "")
-            rec = dict(kernel="swap_ab", block_n=block_n, num_warps=warps, num_stages=stages, maxnreg=nreg,
-                       us=us, copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy, speedup_vs_engine=base_us / us,
-                       max_abs_diff_vs_engine=(out.float() - base_out.float()).abs().max().item(),
-                       max_lse_diff_vs_engine=(lse - base_lse).abs().max().item(),
-                       wgmma="wgmma" in ptx, mma_sync="mma.sync" in ptx, registers=getattr(compiled, "n_regs", None),
-                       spills=getattr(compiled, "n_spills", None), **common_fields)
-            records.append(rec)
-            print(f"  swap {block_n}/{warps}/{stages}/{nreg}: {us:7.1f} us {rec['copy_fraction']:.0%} "
-                  f"x{rec['speedup_vs_engine']:.2f} diff {rec['max_abs_diff_vs_engine']:.1e} wgmma={rec['wgmma']} "
-                  f"regs={rec['registers']} spills={rec['spills']}")
+        for collect in collects:
+            c2q = collect == "c2q"
+            eng_kw = dict(max_ctx=ctx_len, max_q=rows, num_splits=splits)
+            if c2q:
+                eng_kw.update(collect=crow, row_slot=slots, c2q_tile=True)
+            base_out, base_lse, base_logits = va.verify_attention(q, k, v, tables, ctx, loc, scale, **eng_kw)
+            base_us = _bench(lambda: va.verify_attention(q, k, v, tables, ctx, loc, scale, **eng_kw))
+            fields = dict(shape=shape, batch=batch, context=ctx_len, q_rows=rows, heads=heads, kv_heads=kvh,
+                          head_dim=dim, collect=collect, num_splits=splits, kv_bytes=kv_bytes, copy_TBps=copy)
+            records.append(dict(kernel="verify_attention (engine)", us=base_us,
+                                copy_fraction=kv_bytes / (base_us * 1e-6) / 1e12 / copy, **fields))
+            print(f"{shape} rows {rows} {collect}: engine {base_us:7.1f} us {records[-1]['copy_fraction']:.0%} of copy")
+            logits = torch.empty(len(crow), heads, ctx_len, dtype=torch.bfloat16, device=dev) if c2q else None
+            swap_kw = dict(logits=logits, row_slot=slots if c2q else None)
+            for block_n, warps, stages, nreg in configs:
+                launch = dict(block_n=block_n, num_warps=warps, num_stages=stages, maxnreg=nreg)
+                try:
+                    out, lse, compiled = swap_attention(q, k, v, tables, ctx, loc, scale, rows, splits,
+                                                        **launch, **swap_kw)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a launch that does not compile is a result too
+                    records.append(dict(kernel="swap_ab", **launch, error=f"{type(e).__name__}: {e}"[:300], **fields))
+                    print(f"  swap {block_n}/{warps}/{stages}/{nreg}: failed {records[-1]['error']}")
+                    continue
+                us = _bench(lambda: swap_attention(q, k, v, tables, ctx, loc, scale, rows, splits,
+                                                   **launch, **swap_kw))
+                ptx = compiled.asm.get("ptx", "")
+                rec = dict(kernel="swap_ab", **launch, us=us, copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy,
+                           speedup_vs_engine=base_us / us,
+                           max_abs_diff_vs_engine=(out.float() - base_out.float()).abs().max().item(),
+                           max_lse_diff_vs_engine=(lse - base_lse).abs().max().item(),
+                           wgmma="wgmma" in ptx, mma_sync="mma.sync" in ptx,
+                           registers=getattr(compiled, "n_regs", None), spills=getattr(compiled, "n_spills", None),
+                           **fields)
+                if c2q:
+                    want = base_logits.logits.float()
+                    rec["logits_same_inf"] = bool(torch.equal(torch.isinf(logits.float()), torch.isinf(want)))
+                    fin = torch.isfinite(want)
+                    rec["max_logit_diff_vs_engine"] = (logits.float()[fin] - want[fin]).abs().max().item()
+                records.append(rec)
+                print(f"  swap {block_n}/{warps}/{stages}/{nreg}: {us:7.1f} us {rec['copy_fraction']:.0%} "
+                      f"x{rec['speedup_vs_engine']:.2f} diff {rec['max_abs_diff_vs_engine']:.1e} "
+                      f"wgmma={rec['wgmma']} regs={rec['registers']} spills={rec['spills']}")
         del k, v
         torch.cuda.empty_cache()
     os.makedirs(os.environ["OUT"] + "/results", exist_ok=True)
