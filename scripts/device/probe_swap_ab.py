@@ -14,10 +14,8 @@ Cases: batch 64, SmolLM2's shape (9 / 3 / 64) at 1 and 8 rows, the 8B-like (32 /
 context 8K, no collection, every tile masked, split-K with the engine's split count and the fused
 merge (the engine's own `_merge_rows`). Each swap launch is timed over a few (tile, warps, stages,
 register cap) choices; the record says whether its PTX holds wgmma and its register count.
-Writes $OUT/results/kernels-swap-ab.json. Run with `--check` under TRITON_INTERPRET=1 on a CPU
+Writes $OUT/results/kernels-swap-ab-<date>-<device>.json. Run with `--check` under TRITON_INTERPRET=1 on a CPU
 for a float32 correctness check against the reference at small shapes (no timing)."""
-import datetime
-import json
 import os
 import sys
 
@@ -263,12 +261,9 @@ def probe():
                       f"wgmma={rec['wgmma']} regs={rec['registers']} spills={rec['spills']}")
         del k, v
         torch.cuda.empty_cache()
-    os.makedirs(os.environ["OUT"] + "/results", exist_ok=True)
-    path = os.environ["OUT"] + "/results/kernels-swap-ab.json"
-    with open(path, "w") as f:
-        json.dump(dict(date=datetime.date.today().isoformat(), device=common.device_description(dev),
-                       command="python scripts/device/probe_swap_ab.py", torch=torch.__version__,
-                       triton=triton.__version__, copy_TBps=copy, records=records), f, indent=1)
+    path = common.write_results("kernels-swap-ab", os.environ["OUT"] + "/results", dev, [], records,
+                                command="python scripts/device/probe_swap_ab.py", triton=triton.__version__,
+                                copy_TBps=copy)
     print("wrote", path)
 
 

@@ -208,10 +208,11 @@ def command_line(argv: list[str]) -> str:
 
 
 def write_results(kind: str, out_dir: str, device: torch.device, argv: list[str], records: list[dict],
-                  **extra) -> str:
-    """Write `<out_dir>/<kind>-<date>-<tag>.json` and return its path."""
+                  command: str | None = None, **extra) -> str:
+    """Write `<out_dir>/<kind>-<date>-<tag>.json` and return its path. `command` replaces the
+    bench command built from `argv` (a probe script names itself)."""
     date = datetime.date.today().isoformat()
-    doc = {"date": date, "device": device_description(device), "command": command_line(argv),
+    doc = {"date": date, "device": device_description(device), "command": command or command_line(argv),
            "torch": torch.__version__, "python": platform.python_version(), **extra,
            "records": records}
     os.makedirs(out_dir, exist_ok=True)
