@@ -412,8 +412,7 @@ class Studio:
                 viz.running_mean_figure(runs), viz.breakdown_figure(runs))
 
     def overhead(self):
-        results = viz.load_kernel_results(self.results_dir)
-        latest = results[0] if results else None
+        latest = viz.pick_kernel_results(viz.load_kernel_results(self.results_dir))
         if latest is None:
             note = ("**No kernel benchmark results committed yet** (`bench/results/kernels-*.json`). "
                     "The iteration breakdown below is measured live by this app's engine.")

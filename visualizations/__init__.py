@@ -18,7 +18,7 @@ takes plain trace data (`vegas_core.trace` models or objects shaped like them) a
 from .acceptance import accepted_length_histogram, per_position_acceptance_figure, running_mean_figure
 from .breakdown import breakdown_figure, step_breakdown
 from .compare import compare_rows, compare_table_html, first_divergence, lossless_check
-from .overhead import KernelResults, load_kernel_results, overhead_figure
+from .overhead import KernelResults, load_kernel_results, overhead_figure, pick_kernel_results
 from .selection import prompt_selection_html, recall_figure, selection_heatmaps, selection_matrix
 from .throughput import E2EResults, load_e2e_results, pick_results, throughput_figure
 from .tokens import counters_html, iteration_stages_html, stream_pieces, token_stream_html
@@ -27,7 +27,7 @@ __all__ = [
     "E2EResults", "KernelResults", "accepted_length_histogram", "load_e2e_results", "pick_results",
     "throughput_figure", "breakdown_figure", "compare_rows", "compare_table_html",
     "counters_html", "first_divergence", "iteration_stages_html", "load_kernel_results", "lossless_check",
-    "overhead_figure", "per_position_acceptance_figure", "prompt_selection_html", "recall_figure",
+    "overhead_figure", "pick_kernel_results", "per_position_acceptance_figure", "prompt_selection_html", "recall_figure",
     "running_mean_figure", "selection_heatmaps", "selection_matrix", "step_breakdown", "stream_pieces",
     "token_stream_html",
 ]

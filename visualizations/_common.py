@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -72,6 +73,11 @@ def message_figure(message: str, title: str | None = None, height: int = 260) ->
     fig.update_layout(title=title, height=height, margin=dict(l=20, r=20, t=50 if title else 20, b=20),
                       meta={"empty": True, "message": message})
     return fig
+
+
+def natural_key(path: str | os.PathLike) -> list:
+    """A file name's sort key with its digit runs as numbers, so that run10 follows run9."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(str(path)))]
 
 
 def read_result_files(results_dir: str | os.PathLike, pattern: str, max_bytes: int) -> Iterator[tuple[Path, object]]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
-from ._common import message_figure, read_result_files
+from ._common import message_figure, natural_key, read_result_files
 
 _NAME = re.compile(r"kernels-(\d{4}-?\d{2}-?\d{2}[^-]*)-(.+)\.json$")
 NO_RESULTS = ("No kernel benchmark results yet. On a GPU machine run `python -m vegas_core.bench kernels`; it "
@@ -67,7 +67,17 @@ def load_kernel_results(results_dir: str | os.PathLike = "bench/results") -> lis
         records = [r for r in records if isinstance(r, dict) and "us" in r and "q_rows" in r]
         if records:
             out.append(KernelResults(str(path), date, device, records))
-    return sorted(out, key=lambda r: (r.date, r.path), reverse=True)
+    return sorted(out, key=lambda r: (r.date, natural_key(r.path)), reverse=True)
+
+
+def pick_kernel_results(results: list[KernelResults], min_rows: int = 3) -> KernelResults | None:
+    """The newest file that draws the curve: Collect-2-Query's overhead at `min_rows` or more row
+    counts. Probe scripts write kernels-*.json too, timing one or two row counts of a variant;
+    without a file that draws the curve, the newest."""
+    for r in results:
+        if len(overhead_series(r)[1]["c2q"]) >= min_rows:
+            return r
+    return results[0] if results else None
 
 
 def _shape_key(r: dict) -> tuple:

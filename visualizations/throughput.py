@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import plotly.graph_objects as go
 
-from ._common import message_figure, read_result_files
+from ._common import message_figure, natural_key, read_result_files
 
 NO_RESULTS = ("No end-to-end results yet. Run `python -m vegas_core.bench e2e` (on a CPU it uses a small "
               "workload); it writes bench/results/e2e-<date>-<device>.json, which this view reads.")
@@ -40,17 +40,21 @@ def load_e2e_results(results_dir: str | os.PathLike = "bench/results") -> list[E
             name = workload.get("name") if isinstance(workload, dict) else None
             out.append(E2EResults(str(path), str(doc.get("date", "")), str(doc.get("device", "unknown device")),
                                   str(name or recs[0].get("workload", "?")), recs))
-    return sorted(out, key=lambda r: (r.date, r.path), reverse=True)
+    return sorted(out, key=lambda r: (r.date, natural_key(r.path)), reverse=True)
+
+
+# What `bench e2e` runs by default. A file without all of them is an A/B of a few methods under some
+# variant flag (bench/results holds many), not the comparison the view is for.
+FULL_COMPARISON = {"vanilla", "stream", "quest", "specextend", "vegas", "vegas-all"}
 
 
 def pick_results(results: list[E2EResults], device_type: str | None) -> E2EResults | None:
-    """The newest result from the same kind of device as the running engine ('cpu' or 'cuda'), else
-    the newest of all."""
-    if device_type:
-        same = [r for r in results if r.device.startswith(device_type)]
-        if same:
-            return same[0]
-    return results[0] if results else None
+    """The newest full comparison (every method of `FULL_COMPARISON`) from the same kind of device as
+    the running engine ('cpu' or 'cuda'), else the newest result from it; without one from that
+    kind, the same choice over all."""
+    same = [r for r in results if device_type and r.device.startswith(device_type)] or results
+    full = [r for r in same if FULL_COMPARISON <= {rec.get("method") for rec in r.records}]
+    return (full or same or [None])[0]
 
 
 def method_label(r: dict) -> str:

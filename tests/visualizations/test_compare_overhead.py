@@ -2,7 +2,7 @@ import json
 
 from tests.visualizations.conftest import OUTPUT, spec_trace, vanilla_trace
 from visualizations import (compare_rows, compare_table_html, first_divergence, load_kernel_results,
-                            lossless_check, overhead_figure)
+                            lossless_check, overhead_figure, pick_kernel_results)
 
 
 def test_first_divergence():
@@ -62,3 +62,19 @@ def test_overhead_from_results_file(tmp_path):
     assert [round(y, 6) for y in by_name["Collect-2-Query"].y] == [2.0, 2.0, 2.0]
     assert [round(y, 6) for y in by_name["all"].y] == [10.0, 40.0, 80.0]
     assert "NVIDIA H200" in fig.layout.title.text and "2026-01-02" in fig.layout.title.text
+
+
+def test_the_overhead_view_picks_the_newest_file_that_draws_the_curve(tmp_path):
+    def recs(rows_list):
+        return [dict(kernel="verify_attention", batch=64, context=8192, q_rows=rows, heads=9, kv_heads=3,
+                     head_dim=64, collect=collect, us=us)
+                for rows in rows_list for collect, us in (("none", 100.0), ("c2q", 110.0), ("all", 150.0))]
+    for name, rows in (("kernels-2026-12-03-h200-run9.json", (1, 2, 8, 16)),
+                       ("kernels-2026-12-03-h200-run10.json", (1, 2, 4, 8, 12, 16)),
+                       ("kernels-2026-12-04-h200-run11-probe.json", (1, 8))):     # a probe: two row counts
+        (tmp_path / name).write_text(json.dumps({"device": "cuda: NVIDIA H200", "records": recs(rows)}))
+    results = load_kernel_results(tmp_path)
+    assert results[0].path.endswith("run11-probe.json")
+    assert pick_kernel_results(results).path.endswith("run10.json")
+    assert pick_kernel_results(results[:1]).path.endswith("run11-probe.json")   # nothing better: the newest
+    assert pick_kernel_results([]) is None

@@ -39,3 +39,23 @@ def test_without_results_says_so(tmp_path):
     fig = throughput_figure(None)
     assert fig.layout.meta["empty"] and "bench e2e" in fig.layout.meta["message"]
     assert method_label({"method": "quest", "granularity": "layer"}) == "quest"
+
+
+def test_picks_the_newest_full_comparison_over_a_later_ab_file(tmp_path):
+    full = [_rec(m, "layer", "greedy", 10.0, 1.0) for m in ("vanilla", "stream", "quest", "specextend", "vegas",
+                                                              "vegas-all")]
+    ab = [_rec(m, "layer", "greedy", 10.0, 1.0) for m in ("vanilla", "stream", "vegas")]
+    h200 = "cuda: NVIDIA H200"
+    _write(tmp_path / "e2e-2026-12-04-h200-run9-8k.json", h200, "2026-12-04", full)
+    _write(tmp_path / "e2e-2026-12-04-h200-run10-8k.json", h200, "2026-12-04", full)
+    _write(tmp_path / "e2e-2026-12-04-h200-run10-paab-off-2.json", h200, "2026-12-04", ab)   # named last
+    results = load_e2e_results(tmp_path)
+    # Digit runs sort as numbers: run10 is newer than run9.
+    assert [r.path.rsplit("/", 1)[-1] for r in results][:2] == ["e2e-2026-12-04-h200-run10-paab-off-2.json",
+                                                                "e2e-2026-12-04-h200-run10-8k.json"]
+    assert pick_results(results, "cuda").path.endswith("run10-8k.json")
+    assert pick_results(results, "cpu").path.endswith("run10-8k.json")     # no CPU file: the same choice
+    # Only A/B files: the newest of them.
+    only_ab = [r for r in results if "paab" in r.path]
+    assert pick_results(only_ab, "cuda").path.endswith("paab-off-2.json")
+    assert pick_results([], "cuda") is None
