@@ -72,7 +72,7 @@ def throughput_figure(results: E2EResults | None) -> go.Figure:
         fig.add_trace(go.Bar(
             x=[method_label(r) for r in recs], y=[r["tokens_per_s"] for r in recs], name=sampling,
             marker_color=SAMPLING_COLORS.get(sampling), text=[f"{s:.2f}×" if s else "" for s in speed],
-            textposition="outside",
+            textposition="outside", cliponaxis=False,
             customdata=[[r.get("mean_acceptance_length") or 1.0, r.get("gamma") or 0, r.get("sparsity") or 0]
                         for r in recs],
             hovertemplate="%{x}: %{y:.1f} tokens/s (%{text} vanilla)<br>mean acceptance length "
