@@ -126,6 +126,14 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
     return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
 
 
+def tile_rows(q_rows: int, group: int) -> int:
+    """The score tile's rows for requests of up to ``q_rows`` rows at GQA ``group``: every query head
+    of a KV head for every row, padded to a power of two of at least 16. A verification of
+    gamma + 1 rows that crosses into the next tile size costs a larger tile (bench/NOTES.md:
+    SmolLM2's gamma 10, 33 rows, takes 64), which the tuner's gamma grid accounts for."""
+    return max(16, 1 << max(0, q_rows * group - 1).bit_length())
+
+
 class CollectedLogits(NamedTuple):
     logits: torch.Tensor  # bf16 [num_collected_rows, num_heads, max_context], -inf where not visible
     rows: torch.Tensor    # int64 [num_collected_rows]: flat query row of each collected row
@@ -654,7 +662,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    block_m = max(16, triton.next_power_of_2(max_q * group))
+    block_m = tile_rows(max_q, group)
     cfg = launch_config(collect_mode, dim, block_m, max_q)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     num_stages = num_stages or cfg.num_stages

@@ -236,6 +236,17 @@ def test_tune_plateau_rule():
     assert refine_candidates(0.6) == [0.3, 0.45, 0.6, 0.9, 1.0]
 
 
+def test_tune_adds_the_last_gamma_of_each_verification_tile():
+    from kernels.verify_attention import tile_rows
+    from vegas_core.bench.tune import tile_gammas
+    assert tile_gammas(3, 2, 12) == [4, 9]              # SmolLM2: 5 rows fill 15 of 16, 10 rows 30 of 32
+    assert (tile_rows(10, 3), tile_rows(11, 3)) == (32, 64)
+    assert tile_gammas(4, 2, 12) == [3, 7]              # the 8B-like shape
+    assert tile_gammas(8, 1, 16) == [1, 3, 7, 15]
+    assert tile_gammas(1, 2, 12) == []                  # 16 rows fit the smallest tile
+    assert tile_rows(1, 3) == 16 and tile_rows(17, 8) == 256
+
+
 def test_agreement_compares_the_kernel_and_reference_paths(tmp_path, tiny_model):
     """On the CPU the kernel path runs under Triton's interpreter (tests/conftest.py); in fp32 both
     paths must give the same tokens, and the record says so."""
