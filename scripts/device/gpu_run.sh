@@ -88,6 +88,7 @@
 #            without, each twice, alternated
 #   swap     verification attention with the key tile as the product's M side (wgmma), against the
 #            engine's kernel (scripts/device/probe_swap_ab.py)
+#   swapab   e2e greedy vanilla / stream / vegas with --swap-ab, then without, each twice, alternated
 #   ncu1     Nsight Compute's counters and warp stall reasons for the attention kernels at one row
 #            (scripts/device/ncu_kernels.py --q-rows 1), into $OUT/ncu-1row.txt
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
@@ -247,6 +248,7 @@ for stage in "$@"; do
               --ops o_proj down_proj --sweep --out "$OUT/results/lsplit"
             cp "$OUT"/results/lsplit/linear-*.json /root/linear-split.json ;;
     lsab) ab lsab 200 split "--linear-configs /root/linear-split.json" split-1 base-1 split-2 base-2 ;;
+    swapab) ab swapab 200 swap --swap-ab swap-1 base-1 swap-2 base-2 ;;
     swap) TAIL=40 step swap 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_swap_ab.py ;;
     ncu1) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
           timeout 240 "$NCU" --profile-from-start off --clock-control none --section SpeedOfLight \
