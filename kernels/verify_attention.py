@@ -547,7 +547,9 @@ if triton is not None:
         under the 64 rows of a Hopper warp group's MMA; the key tile as M may take it, reading K
         and V^T from shared memory. Every tile is masked. COLLECT stores the scores of the rows
         with a slot (any row set: Collect-2-Query's first and last rows, or all) from the score
-        tile itself, so collecting adds only the stores and never changes `out` or `lse`."""
+        tile itself, so collecting adds only the stores and never changes `out` or `lse`. The
+        prologue and the partial-state stores repeat `_verify_attention_kernel`'s on purpose: that
+        kernel stays as it was timed until the GPU A/B decides which of the two is kept."""
         pdl_wait(USE_PDL)
         req = tl.program_id(0)
         kvh = tl.program_id(1)

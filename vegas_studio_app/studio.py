@@ -563,7 +563,8 @@ class _EmptyTrace:
 
 def _last_selecting(iterations, default: int) -> int:
     """The index of the last iteration that recorded a KV selection, else `default`."""
-    return next((i for i in range(len(iterations) - 1, -1, -1) if iterations[i].selection is not None), default)
+    return next((i for i in reversed(range(len(iterations))) if iterations[i].selection is not None),
+                default)
 
 
 def _request_index(trace, request_id) -> int:

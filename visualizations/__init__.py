@@ -27,7 +27,7 @@ __all__ = [
     "E2EResults", "KernelResults", "accepted_length_histogram", "load_e2e_results", "pick_results",
     "throughput_figure", "breakdown_figure", "compare_rows", "compare_table_html",
     "counters_html", "first_divergence", "iteration_stages_html", "load_kernel_results", "lossless_check",
-    "overhead_figure", "pick_kernel_results", "per_position_acceptance_figure", "prompt_selection_html", "recall_figure",
-    "running_mean_figure", "selection_heatmaps", "selection_matrix", "step_breakdown", "stream_pieces",
+    "overhead_figure", "pick_kernel_results", "per_position_acceptance_figure", "prompt_selection_html",
+    "recall_figure", "running_mean_figure", "selection_heatmaps", "selection_matrix", "step_breakdown", "stream_pieces",
     "token_stream_html",
 ]
