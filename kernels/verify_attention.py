@@ -78,9 +78,18 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
     2 the first/last tile (Collect-2-Query), for a ``block_m``-row tile (rows x query heads per
     KV head, padded to a power of two) and at most ``q_rows`` rows a request. Measured on the H200
     at batch 64 x 8K, 8 rows:
-    - tile, warps, stages: `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
-      (none also 24 configs in kernels-2026-11-30-h200.json): 128-key tiles, except 64 where
-      logits are stored at head dim 128 and from the main tile;
+    - the key tile is one size per head dim for every path: the online softmax rescales at tile
+      boundaries, so two tile sizes round differently, and collecting must not change the
+      output (nor may a request's bits depend on whether its batch mixes in collecting
+      requests). Chosen from `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
+      (8 rows, 4 warps, 2 stages): at head dim 64, 128 keys (none 142.5 us against 177.5 with 64,
+      C2Q 204.0 against 217.4; the main-tile store, 214.3 with 64, pays +18 %: 253.1); at 128,
+      64 keys (C2Q 984.5 against 1,164.1, the main-tile store 974.1 against 990.1; none, 637.8
+      with 128, pays 1.4 %: 647.0). Until 2026-12-04 each path took its own fastest tile, which
+      changed the output in the last bits when the main tile stored rows at head dim 64 or C2Q
+      ran at 128; the cost of the one size is not yet measured end to end;
+    - warps and stages: 4 and 2 (the same sweep; none also 24 configs in
+      kernels-2026-11-30-h200.json);
     - merge and registers: `sweep: merge_tune` in kernels-2026-12-01-h200-merge.json (before
       the merge kernel became one program per row; `-merge-run1.json` agrees). Nsight Compute
       (bench/results/logs/ncu-2026-12-01-h200-attention.txt) showed the first/last-tile path at
@@ -91,8 +100,8 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
       6K, `-merge-1row.json`; an e2e with it ran vanilla 8 % slower). At
       head dim 128 no collection is fastest uncapped with the merge kernel (629.8; the fused
       merge's registers cost 715) and C2Q fused under a 128 cap (850.3 against 985.3). The
-      main-tile path keeps what it had (its caps are not measured). Every path's output is the
-      same bits (the two merges share `_merge_rows`), so the choice may differ per path;
+      main-tile path keeps what it had (its caps are not measured). The two merges give the
+      same bits (they share `_merge_rows`), so this choice may differ per path;
     - a 64-row tile (12-16 rows at GQA 3 or 4; vegas at gamma >= 11) spills under C2Q's caps:
       +63 % at head dim 64 and 1,664 us at 128 (kernels-2026-12-01-h200-capped.json, `sweep:
       collect_rows`) against 228 and 1,077 us with the merge kernel and no cap
@@ -118,20 +127,21 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
       loads are issued, not the arithmetic: the same bits (checked at every shape)."""
     small = head_dim <= 64
     unmasked = not small          # one choice per head dim for every path (see above)
+    block_n = 128 if small else 64    # likewise
     if small and SWAP_AB:         # one kernel for every path of the head dim, as for the masks
         return LaunchConfig(128, 4, 2, fused_merge=True, max_registers=0, unmasked_tiles=False,
                             swap_ab=True)
     if collect_mode == 0:
         ahead = small and q_rows == 1 and ONE_ROW_PAGE_AHEAD
-        return LaunchConfig(128, 4, 3 if ahead else 2, fused_merge=small,
+        return LaunchConfig(block_n, 4, 3 if ahead else 2, fused_merge=small,
                             max_registers=168 if small else 0, unmasked_tiles=unmasked,
                             page_ahead=1 if ahead else 0)
     if collect_mode == 2:
         capped = block_m <= 32
-        return LaunchConfig(128 if small else 64, 4, 2, fused_merge=capped,
+        return LaunchConfig(block_n, 4, 2, fused_merge=capped,
                             max_registers=(168 if small else 128) if capped else 0,
                             unmasked_tiles=unmasked)
-    return LaunchConfig(64, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
+    return LaunchConfig(block_n, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
 
 
 def tile_rows(q_rows: int, group: int) -> int:

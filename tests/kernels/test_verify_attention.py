@@ -221,6 +221,24 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert not any(launch_config(mode, 64, rows).unmasked_tiles for mode in (0, 1, 2))
 
 
+@pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128)])
+@pytest.mark.parametrize("q_rows", [1, 9])
+def test_default_launches_collect_without_changing_the_output(heads, kv_heads, head_dim, q_rows):
+    """At the launches the engine takes (no tile, split or merge given), every collection mode
+    gives the no-collection bits: the paths of a head dim share the key tile (the online softmax
+    rounds at tile boundaries), the masks, and the merge arithmetic."""
+    from kernels.verify_attention import launch_config
+    args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
+    base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
+    rows = [0, 3 * q_rows - 1]
+    for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None), (rows, None)):
+        out, lse, _ = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, num_splits=3)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), (collect, c2q_tile)
+    tiles = {launch_config(mode, head_dim, block_m, q).block_n for mode in (0, 1, 2)
+             for block_m, q in ((16, 1), (32, 8), (64, 17))}
+    assert tiles == {128 if head_dim <= 64 else 64}
+
+
 def test_swap_ab_is_one_choice_per_head_dim_and_off_by_default(monkeypatch):
     """`SWAP_AB` (not yet timed on the GPU, so off) takes every collection path at head dim <= 64
     and none at 128: collecting must not change the output, so the paths of a head dim choose alike."""
@@ -308,3 +326,24 @@ def test_reference_matches_engine_maths():
         torch.testing.assert_close(logits.logits[a:a + n, :, :c].float(),
                                    s.to(torch.bfloat16).float())
         assert torch.isinf(logits.logits[a:a + n, :, c:]).all()
+
+
+@pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is wrong for bf16; compiled GPU runs only")
+@pytest.mark.parametrize("swap_ab", [False, True])
+def test_bf16_at_smollm2s_shape_collect_keeps_output(swap_ab):
+    """bf16 as the engine runs it (SmolLM2's 9 / 3 heads at head dim 64, 1 and 9 rows, contexts
+    over several splits): within bf16 rounding of the float32 reference, and collecting (C2Q either
+    way, all rows) gives the no-collection bits. With `swap_ab` the product is the warp-group MMA's
+    shape on Hopper, which float32 inputs do not reach."""
+    for q_rows in (1, 9):
+        args = make_case([q_rows] * 6, [300, 517, 640, 1000, 77, 1200], 9, 3, 64, seed=21,
+                         dtype=torch.bfloat16)
+        ref_out, ref_lse, _ = verify_attention_reference(
+            *(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
+        kw = dict(num_splits=4, swap_ab=swap_ab)
+        base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
+        torch.testing.assert_close(base_out.float(), ref_out, atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(base_lse, ref_lse, atol=1e-2, rtol=1e-3)
+        for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None)):
+            out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
+            assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
