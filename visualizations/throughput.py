@@ -49,12 +49,17 @@ FULL_COMPARISON = {"vanilla", "stream", "quest", "specextend", "vegas", "vegas-a
 
 
 def pick_results(results: list[E2EResults], device_type: str | None) -> E2EResults | None:
-    """The newest full comparison (every method of `FULL_COMPARISON`) from the same kind of device as
-    the running engine ('cpu' or 'cuda'), else the newest result from it; without one from that
-    kind, the same choice over all."""
+    """The newest result from the same kind of device as the running engine ('cpu' or 'cuda'; any
+    kind without one). When that is a subset of the methods (an A/B), a full comparison
+    (`FULL_COMPARISON`) from the same day and device is preferred: the table the A/B belongs to.
+    A newer subset from another day or device is shown as it is."""
     same = [r for r in results if device_type and r.device.startswith(device_type)] or results
-    full = [r for r in same if FULL_COMPARISON <= {rec.get("method") for rec in r.records}]
-    return (full or same or [None])[0]
+    if not same:
+        return None
+    newest = same[0]
+    full = [r for r in same if r.date == newest.date and r.device == newest.device
+            and FULL_COMPARISON <= {rec.get("method") for rec in r.records}]
+    return full[0] if full else newest
 
 
 def method_label(r: dict) -> str:

@@ -59,3 +59,7 @@ def test_picks_the_newest_full_comparison_over_a_later_ab_file(tmp_path):
     only_ab = [r for r in results if "paab" in r.path]
     assert pick_results(only_ab, "cuda").path.endswith("paab-off-2.json")
     assert pick_results([], "cuda") is None
+    # A subset measured on a later day (a user's own run of two methods) is shown as it is.
+    _write(tmp_path / "e2e-2026-12-05-a100.json", "cuda: NVIDIA A100", "2026-12-05",
+           [_rec(m, "layer", "greedy", 10.0, 1.0) for m in ("vanilla", "vegas")])
+    assert pick_results(load_e2e_results(tmp_path), "cuda").path.endswith("e2e-2026-12-05-a100.json")
