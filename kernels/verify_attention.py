@@ -367,6 +367,41 @@ if triton is not None:
                               s_gr, s_gh, s_gc)
 
     @triton.jit
+    def _program_keys(qloc_ptr, ctx_ptr, num_splits, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+        """A verification program's (request, KV head, split), its request's rows and context,
+        and the keys [lo, hi) it covers: with SPLIT, that request's context over num_splits in
+        whole BLOCK_N tiles (split 0 and the whole context without)."""
+        req = tl.program_id(0)
+        kvh = tl.program_id(1)
+        q_start = tl.load(qloc_ptr + req)
+        q_len = tl.load(qloc_ptr + req + 1) - q_start
+        ctx = tl.load(ctx_ptr + req)
+        if SPLIT:
+            split = tl.program_id(2)
+            split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
+            lo = split * split_len
+            hi = tl.minimum(ctx, lo + split_len)
+        else:
+            split = 0
+            lo = 0
+            hi = ctx
+        return req, kvh, split, q_start, q_len, ctx, lo, hi
+
+    @triton.jit
+    def _tile_rows(kvh, q_len, ctx, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        """The score tile's rows (row m: query row m // GROUP, head kvh * GROUP + m % GROUP), the
+        head-dim offsets, their validity, and the last key each row sees."""
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row = offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
+        m_valid = offs_m < q_len * GROUP
+        d_valid = offs_d < HEAD_DIM
+        row_pos = ctx - q_len + row                                    # last key each row sees
+        return offs_m, offs_d, row, head, m_valid, d_valid, row_pos
+
+    @triton.jit
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
             part_acc_ptr, part_ml_ptr, cnt_ptr,
@@ -396,27 +431,10 @@ if triton is not None:
         (request, KV head) to finish merges them (`kernels.split_merge`), else
         `_merge_splits_kernel` does, launched after."""
         pdl_wait(USE_PDL)
-        req = tl.program_id(0)
-        kvh = tl.program_id(1)
-        q_start = tl.load(qloc_ptr + req)
-        q_len = tl.load(qloc_ptr + req + 1) - q_start
-        ctx = tl.load(ctx_ptr + req)
-        if SPLIT:
-            split = tl.program_id(2)
-            split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
-            lo = split * split_len
-            hi = tl.minimum(ctx, lo + split_len)
-        else:
-            lo = 0
-            hi = ctx
-
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        row = offs_m // GROUP
-        head = kvh * GROUP + offs_m % GROUP
-        m_valid = offs_m < q_len * GROUP
-        d_valid = offs_d < HEAD_DIM
-        row_pos = ctx - q_len + row                                    # last key each row sees
+        req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
+                                                                     BLOCK_N, SPLIT)
+        offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
+            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
 
         q_tile = tl.load(q_ptr + (q_start + row)[:, None] * s_qt + head[:, None] * s_qh
                          + offs_d[None, :] * s_qd,
@@ -557,31 +575,13 @@ if triton is not None:
         under the 64 rows of a Hopper warp group's MMA; the key tile as M may take it, reading K
         and V^T from shared memory. Every tile is masked. COLLECT stores the scores of the rows
         with a slot (any row set: Collect-2-Query's first and last rows, or all) from the score
-        tile itself, so collecting adds only the stores and never changes `out` or `lse`. The
-        prologue and the partial-state stores repeat `_verify_attention_kernel`'s on purpose: that
-        kernel stays as it was timed until the GPU A/B decides which of the two is kept."""
+        tile itself, so collecting adds only the stores and never changes `out` or `lse`. Its
+        programs and tile rows are `_verify_attention_kernel`'s (`_program_keys`, `_tile_rows`)."""
         pdl_wait(USE_PDL)
-        req = tl.program_id(0)
-        kvh = tl.program_id(1)
-        q_start = tl.load(qloc_ptr + req)
-        q_len = tl.load(qloc_ptr + req + 1) - q_start
-        ctx = tl.load(ctx_ptr + req)
-        if SPLIT:
-            split = tl.program_id(2)
-            split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
-            lo = split * split_len
-            hi = tl.minimum(ctx, lo + split_len)
-        else:
-            lo = 0
-            hi = ctx
-
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        row = offs_m // GROUP
-        head = kvh * GROUP + offs_m % GROUP
-        m_valid = offs_m < q_len * GROUP
-        d_valid = offs_d < HEAD_DIM
-        row_pos = ctx - q_len + row
+        req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
+                                                                     BLOCK_N, SPLIT)
+        offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
+            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
         q_t = tl.load(q_ptr + (q_start + row)[None, :] * s_qt + head[None, :] * s_qh
                       + offs_d[:, None] * s_qd, mask=m_valid[None, :] & d_valid[:, None], other=0.0)
         slot = tl.load(slot_ptr + q_start + row, mask=m_valid & COLLECT, other=-1)

@@ -29,7 +29,7 @@ CASES = [("smollm2", 8, ("none", "c2q")), ("smollm2", 9, ("none", "c2q")), ("smo
          ("8b", 8, ("none", "c2q"))]
 
 
-def _outputs(q, rows, heads, ctx_len, crow, c2q):
+def _outputs(q, heads, ctx_len, crow, c2q):
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
     logits = torch.empty(len(crow), heads, ctx_len, dtype=torch.bfloat16, device=q.device) if c2q else None
@@ -54,7 +54,7 @@ def main():
         scale = dim ** -0.5
         for collect in collects:
             c2q = collect == "c2q"
-            base = _outputs(q, rows, heads, ctx_len, crow, c2q)
+            base = _outputs(q, heads, ctx_len, crow, c2q)
             kw = dict(max_q=rows, num_splits=splits, logits=base[2], row_slot=slots if c2q else None,
                       c2q_tile=c2q, logits_len=ctx_len, swap_ab=False)
 
@@ -69,7 +69,7 @@ def main():
                                 copy_fraction=kv_bytes / (base_us * 1e-6) / 1e12 / copy, **fields))
             print(f"{shape} rows {rows} {collect}: engine {base_us:7.1f} us {records[-1]['copy_fraction']:.0%} of copy")
             for block_n, warps, stages, nreg in CONFIGS:
-                outs = _outputs(q, rows, heads, ctx_len, crow, c2q)
+                outs = _outputs(q, heads, ctx_len, crow, c2q)
                 launch = dict(block_n=block_n, num_warps=warps, num_stages=stages, max_registers=nreg)
                 skw = dict(kw, logits=outs[2], swap_ab=True, fused_merge=True, **launch)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vegas_core.trace import Iteration
 from vegas_core.trace.io import save_trace
 from vegas_studio_app.studio import Studio
-from tests.visualizations.conftest import spec_trace
+from tests.visualizations.conftest import spec_trace, vanilla_trace
 
 
 def _refresh(tmp_path, trace):
@@ -36,7 +36,6 @@ def test_a_run_that_ends_on_a_selection_opens_on_its_last_iteration(tmp_path):
 
 
 def test_a_vanilla_run_opens_on_its_last_iteration_and_says_nothing_was_selected(tmp_path):
-    from tests.visualizations.conftest import vanilla_trace
     _, it_update, _, overview, *_ = _refresh(tmp_path, vanilla_trace())
     assert it_update["value"] == 7
     assert not overview.data and "drafted nothing" in overview.layout.annotations[0].text
