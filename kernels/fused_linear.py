@@ -15,14 +15,6 @@ Contract (each ``name`` and ``name_reference`` take and return the same):
 - ``linear_add(x, weight, residual, bias=None) -> residual``: ``residual += F.linear(x, weight,
   bias)``, in place, the product rounded to the dtype before the add (as torch's two ops round).
 
-Split-K (``linear_add`` only): a configuration's optional sixth value splits K over that many
-programs per output tile. At 64 rows SmolLM2's o_proj and down_proj run 36 programs on the H200's
-132 SMs, each walking K alone; split, each program stores its float32 partial, and the last of a
-tile's programs to arrive (`kernels.split_merge.last_to_arrive`) adds the partials in split order,
-then runs the epilogue: deterministic whichever program arrives last, and still chosen from
-(N, K) only. A split sums K in another order than one program does (other bits, the same
-tolerance). ``norm_linear`` (and the rotary epilogue) take the first five values and one split.
-
 Batch invariance: the launch configuration is chosen from (N, K) only, never from T, so a row's
 result has the same bits whatever the number of rows beside it (a verification's 576 rows give
 each row what a 64-row decode step gives it). cuBLAS picks another kernel per shape. The engine
@@ -42,11 +34,9 @@ import torch.nn.functional as F
 # Triton is optional (the CPU engine path only needs the references): fused.py's import of it.
 from .fused import _need_triton, _rms_norm_reference, libdevice, silu_mul_reference, tl, triton
 from .pdl import launch_options
-from .split_merge import arrival_counters
 
 if triton is not None:
     from .pdl import pdl_wait
-    from .split_merge import last_to_arrive
 
 
 # -- references -----------------------------------------------------------------------------------
@@ -64,11 +54,10 @@ def linear_add_reference(x, weight, residual, bias=None):
 
 # -- launch configurations ------------------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT_K]) per (N, K, silu_mul), measured on
-# the H200 (`python -m vegas_core.bench linear --sweep`); shapes not listed take DEFAULT_CONFIG.
-# Chosen from (N, K) alone so results do not depend on the number of rows (see the module
-# docstring). SPLIT_K (default 1) applies to linear_add only.
-CONFIGS: dict[tuple[int, int, bool], tuple[int, ...]] = {
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (N, K, silu_mul), measured on the H200
+# (`python -m vegas_core.bench linear --sweep`); shapes not listed take DEFAULT_CONFIG. Chosen from
+# (N, K) alone so results do not depend on the number of rows (see the module docstring).
+CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
     # SmolLM2-135M, the fastest at 64 rows in `linear-2026-12-02-h200-sweep.json`
     (960, 576, False): (16, 32, 64, 4, 3),       # qkv        4.34 us
     (576, 576, False): (64, 16, 128, 4, 3),      # o_proj     2.84 us
@@ -83,7 +72,7 @@ DEFAULT_CONFIG = (16, 32, 64, 4, 3)
 INTERPRET_CONFIG = (256, 256, 64, 4, 1)
 
 
-def config_for(n: int, k: int, silu_mul: bool) -> tuple[int, ...]:
+def config_for(n: int, k: int, silu_mul: bool) -> tuple[int, int, int, int, int]:
     if triton is not None and triton.knobs.runtime.interpret:
         return INTERPRET_CONFIG
     return CONFIGS.get((n, k, silu_mul), DEFAULT_CONFIG)
@@ -144,19 +133,14 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _fused_linear_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, ws_ptr, cnt_ptr, M, N, eps, up_row,
-                             s_xm, s_xk, s_wn, s_wk, s_rm, s_rn, s_om, s_on,
+    def _fused_linear_kernel(x_ptr, nw_ptr, w_ptr, b_ptr, res_ptr, out_ptr, M, N, eps, up_row, s_xm, s_xk, s_wn, s_wk, s_rm, s_rn, s_om, s_on,
                              K: tl.constexpr, NORM: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
                              ADD_RESIDUAL: tl.constexpr, PRECISION: tl.constexpr,
                              INTERPRET: tl.constexpr, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                             SPLIT_K: tl.constexpr, K_PER: tl.constexpr):
-        """Program (column block, row block[, K split]) of out = epilogue(norm(x) @ weight.T). K,
-        the model's width, is a compile-time constant: loops over it are pipelined, and the
-        interpreter takes no runtime bound in range(). Program split s covers K_PER columns of K
-        from s * K_PER (K itself for one split; a multiple of BLOCK_K otherwise); with SPLIT_K > 1
-        the last to arrive at the tile's counter sums the float32 partials in ws_ptr
-        [SPLIT_K, M, N]."""
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+        """Program (column block, row block) of out = epilogue(norm(x) @ weight.T). K, the
+        model's width, is a compile-time constant: loops over it are pipelined, and the
+        interpreter takes no runtime bound in range()."""
         DT: tl.constexpr = x_ptr.dtype.element_ty
         pdl_wait(USE_PDL)
         rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -172,12 +156,7 @@ if triton is not None:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if SILU_MUL:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        if SPLIT_K == 1:
-            k_lo = 0
-        else:
-            k_lo = tl.program_id(2) * K_PER
-        for kk in range(0, K_PER, BLOCK_K):
-            k0 = k_lo + kk
+        for k0 in range(0, K, BLOCK_K):
             k_mask = (k0 + ks) < K
             x = x_tile(x_rows, r_mask, s_xk, k0, ks, k_mask, nw_ptr, inv_rms, NORM, DT)
             w_mask = c_mask[:, None] & k_mask[None, :]
@@ -187,29 +166,6 @@ if triton is not None:
                 w_up = tl.load(w_rows + up_row * s_wn + (k0 + ks)[None, :] * s_wk, mask=w_mask,
                                other=0.0)
                 acc_up = tl.dot(x, tl.trans(w_up), acc_up, input_precision=PRECISION)
-        if not SILU_MUL:
-            acc_up = acc                                   # not read
-        if SPLIT_K == 1:
-            _epilogue(acc, acc_up, rows, cols, r_mask, c_mask, b_ptr, res_ptr, out_ptr, s_rm, s_rn,
-                      s_om, s_on, DT, SILU_MUL, HAS_BIAS, ADD_RESIDUAL, INTERPRET)
-        else:
-            mask = r_mask[:, None] & c_mask[None, :]
-            part = rows[:, None].to(tl.int64) * N + cols[None, :]
-            tl.store(ws_ptr + (tl.program_id(2) * M).to(tl.int64) * N + part, acc, mask=mask)
-            if last_to_arrive(cnt_ptr + tl.program_id(1) * tl.num_programs(0) + tl.program_id(0),
-                              SPLIT_K):
-                total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):      # split order: the same bits whoever is last
-                    total += tl.load(ws_ptr + (s * M).to(tl.int64) * N + part, mask=mask, other=0.0,
-                                     cache_modifier=".cg")
-                _epilogue(total, total, rows, cols, r_mask, c_mask, b_ptr, res_ptr, out_ptr, s_rm,
-                          s_rn, s_om, s_on, DT, SILU_MUL, HAS_BIAS, ADD_RESIDUAL, INTERPRET)
-
-    @triton.jit
-    def _epilogue(acc, acc_up, rows, cols, r_mask, c_mask, b_ptr, res_ptr, out_ptr, s_rm, s_rn, s_om,
-                  s_on, DT: tl.constexpr, SILU_MUL: tl.constexpr, HAS_BIAS: tl.constexpr,
-                  ADD_RESIDUAL: tl.constexpr, INTERPRET: tl.constexpr):
-        """Bias, the product's rounding, SiLU * up or the residual add, and the store."""
         if HAS_BIAS:
             acc += tl.load(b_ptr + cols, mask=c_mask, other=0.0).to(tl.float32)[None, :]
         out = acc.to(DT)                                   # the product's own rounding
@@ -223,38 +179,22 @@ if triton is not None:
                  mask=mask)
 
 
-def split_of(config) -> int:
-    """A configuration's K splits (its optional sixth value; 1 without one)."""
-    return int(config[5]) if len(config) > 5 else 1
-
-
 def _launch(x, norm_weight, eps, weight, bias, residual, out, n_out, silu_mul, config):
     rows, k = x.shape
     if rows == 0 or n_out == 0:
         return
-    block_m, block_n, block_k, warps, stages = config[:5]
-    split = split_of(config)
-    if split < 1 or (split > 1 and residual is None):
-        raise ValueError(f"split-K {split}: linear_add takes 1 or more, norm_linear only 1")
-    k_per = triton.cdiv(k, split * block_k) * block_k
-    split = min(split, triton.cdiv(k, k_per))        # no program without columns of K
+    block_m, block_n, block_k, warps, stages = config
     precision = "ieee" if x.dtype == torch.float32 else "tf32"   # tf32 is ignored for 16-bit
     res = out if residual is None else residual
-    grid = (triton.cdiv(n_out, block_n), triton.cdiv(rows, block_m), split)
-    if split > 1:
-        ws = torch.empty(split, rows, n_out, dtype=torch.float32, device=x.device)
-        counters = arrival_counters(x.device, grid[0] * grid[1])
-    else:
-        ws = counters = out                          # not read
+    grid = (triton.cdiv(n_out, block_n), triton.cdiv(rows, block_m))
     _fused_linear_kernel[grid](
         x, x if norm_weight is None else norm_weight, weight, x if bias is None else bias, res,
-        out, ws, counters, rows, n_out, float(eps), n_out if silu_mul else 0, *x.stride(),
-        *weight.stride(), *res.stride(), *out.stride(), K=k,
+        out, rows, n_out, float(eps), n_out if silu_mul else 0, *x.stride(), *weight.stride(),
+        *res.stride(), *out.stride(), K=k,
         NORM=norm_weight is not None, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
         ADD_RESIDUAL=residual is not None, PRECISION=precision,
         INTERPRET=bool(triton.knobs.runtime.interpret), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, SPLIT_K=split, K_PER=k_per if split > 1 else k, num_warps=warps,
-        num_stages=stages, **launch_options(x.device),
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch_options(x.device),
         enable_fp_fusion=False)   # an FMA would skip roundings the references make
 
 
@@ -267,10 +207,9 @@ def _check(x, weight, bias):
 
 
 def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = False,
-                config: tuple[int, ...] | None = None):
+                config: tuple[int, int, int, int, int] | None = None):
     """Triton version of ``norm_linear_reference`` (see the module docstring); ``config``
-    overrides the launch configuration (the benchmark's sweep; one split only, so a sixth value
-    other than 1 is refused)."""
+    overrides the launch configuration (the benchmark's sweep)."""
     _need_triton("norm_linear")
     _check(x, weight, bias)
     n = weight.shape[0]
@@ -278,15 +217,13 @@ def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = 
         raise ValueError("silu_mul needs a [2 I, K] gate_up weight and no bias")
     n_out = n // 2 if silu_mul else n
     out = torch.empty((x.shape[0], n_out), dtype=x.dtype, device=x.device)
-    if config is None:
-        config = config_for(n_out, x.shape[1], silu_mul)[:5]   # a table entry's split is linear_add's
-    _launch(x, norm_weight, eps, weight, bias, None, out, n_out, silu_mul, config)
+    _launch(x, norm_weight, eps, weight, bias, None, out, n_out, silu_mul,
+            config or config_for(n_out, x.shape[1], silu_mul))
     return out
 
 
-def linear_add(x, weight, residual, bias=None, config: tuple[int, ...] | None = None):
-    """Triton version of ``linear_add_reference`` (see the module docstring); ``config`` may carry
-    a sixth value, the K splits."""
+def linear_add(x, weight, residual, bias=None, config: tuple[int, int, int, int, int] | None = None):
+    """Triton version of ``linear_add_reference`` (see the module docstring)."""
     _need_triton("linear_add")
     _check(x, weight, bias)
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:

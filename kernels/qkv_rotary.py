@@ -140,10 +140,10 @@ def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_h
     pairs = n // 2
     if config is None and triton.knobs.runtime.interpret:
         # The engine under the interpreter (CI), whose cost is per program: every pair in one.
-        block_m, _, block_k, warps, stages = config_for(n, x.shape[1], False)[:5]
+        block_m, _, block_k, warps, stages = config_for(n, x.shape[1], False)
         block_p = triton.next_power_of_2(pairs)
     else:
-        block_m, block_n, block_k, warps, stages = (config or config_for(n, x.shape[1], False))[:5]
+        block_m, block_n, block_k, warps, stages = config or config_for(n, x.shape[1], False)
         block_p = max(16, block_n // 2)
     grid = (triton.cdiv(pairs, block_p), triton.cdiv(rows, block_m))
     _qkv_rotary_kernel[grid](

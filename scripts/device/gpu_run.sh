@@ -82,10 +82,6 @@
 #            (scripts/device/probe_page_ahead.py)
 #   paab     e2e greedy vanilla / stream / vegas with the plain decode step's page-ahead launch,
 #            then without (--no-page-ahead), each twice, alternated (E2E_ARGS sets the workload)
-#   lsplit   the residual-add projections' sweep with K splits (bench linear --ops o_proj down_proj
-#            --sweep); the best kept at /root/linear-split.json
-#   lsab     e2e greedy vanilla / stream / vegas with /root/linear-split.json's configurations, then
-#            without, each twice, alternated
 #   swap     verification attention with the key tile as the product's M side (wgmma), against the
 #            engine's kernel (scripts/device/probe_swap_ab.py)
 #   swapab   e2e greedy vanilla / stream / vegas with --swap-ab, then without, each twice, alternated
@@ -244,10 +240,6 @@ for stage in "$@"; do
     hints) TAIL=30 step hints 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_kv_hints.py ;;
     paab) ab paab 200 off --no-page-ahead ahead-1 off-1 ahead-2 off-2 ;;
     ahead) TAIL=40 step ahead 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_page_ahead.py ;;
-    lsplit) mkdir -p "$OUT/results/lsplit"; TAIL=30 step lsplit 300 python3 -m vegas_core.bench linear \
-              --ops o_proj down_proj --sweep --out "$OUT/results/lsplit"
-            cp "$OUT"/results/lsplit/linear-*.json /root/linear-split.json ;;
-    lsab) ab lsab 200 split "--linear-configs /root/linear-split.json" split-1 base-1 split-2 base-2 ;;
     swapab) ab swapab 200 swap --swap-ab swap-1 base-1 swap-2 base-2 ;;
     swap) TAIL=40 step swap 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_swap_ab.py ;;
     ncu1) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kernels.fused_linear import (DEFAULT_CONFIG, linear_add, linear_add_reference, norm_linear,
-                                  norm_linear_reference, split_of)
+                                  norm_linear_reference)
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -27,10 +27,6 @@ def randn(*shape, seed, dtype=torch.float32, scale=1.0):
 # than one BLOCK_K; the last, with N < BLOCK_N, is one partial column tile.
 SHAPES = [(1, 64, 32), (5, 40, 24), (17, 96, 50), (33, 136, 72), (70, 64, 16)]
 CONFIGS = [DEFAULT_CONFIG, (32, 16, 32, 2, 2), (64, 64, 128, 4, 1)]
-# Split-K (a sixth value, linear_add only): 2 and 3 splits of 32- and 16-column K tiles; with K = 40
-# or 64 some programs get a partial last tile, and 3 splits of K = 40 in 32-column tiles would leave
-# one without columns (the launch runs 2).
-SPLIT_CONFIGS = [(32, 16, 32, 2, 2, 2), (16, 32, 16, 4, 1, 3), (64, 64, 32, 4, 1, 3)]
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -53,7 +49,7 @@ def test_norm_linear_silu_mul_matches_reference(rows, k, n, config):
     torch.testing.assert_close(got, norm_linear_reference(x, nw, 1e-6, w, silu_mul=True), **TOL)
 
 
-@pytest.mark.parametrize("config", CONFIGS + SPLIT_CONFIGS)
+@pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("rows, k, n", SHAPES)
 @pytest.mark.parametrize("bias", [False, True])
 def test_linear_add_updates_the_residual_in_place(rows, k, n, bias, config):
@@ -64,33 +60,6 @@ def test_linear_add_updates_the_residual_in_place(rows, k, n, bias, config):
     got = linear_add(x, w, residual, b, config=config)
     assert got.data_ptr() == residual.data_ptr()
     torch.testing.assert_close(residual, expected, **TOL)
-    # A split call leaves its arrival counters at zero: the next call (the next layer, a graph
-    # replay) gives the same bits.
-    again = randn(rows, n, seed=11)
-    linear_add(x, w, again, b, config=config)
-    assert torch.equal(again, residual)
-
-
-def test_split_k_sums_each_splits_partial_then_the_splits():
-    """One program adds K's 16-column tiles in turn: ((1e8 + 1) - 1e8) + 1 = 1 in float32; two
-    splits add (1e8 + 1) and (-1e8 + 1) first, each rounding its 1 away: 0. So the split ran, in
-    split order."""
-    x = torch.ones(1, 64).to(DEVICE)
-    w = torch.zeros(1, 64)
-    w[0, 0], w[0, 16], w[0, 32], w[0, 48] = 1e8, 1.0, -1e8, 1.0
-    w = w.to(DEVICE)
-    one = linear_add(x, w, torch.zeros(1, 1, device=DEVICE), config=(16, 16, 16, 4, 1))
-    two = linear_add(x, w, torch.zeros(1, 1, device=DEVICE), config=(16, 16, 16, 4, 1, 2))
-    assert (one.item(), two.item()) == (1.0, 0.0)
-
-
-def test_split_k_is_for_linear_add_only():
-    x, w = randn(3, 16, seed=34), randn(8, 16, seed=35)
-    assert split_of(DEFAULT_CONFIG) == 1 and split_of((16, 16, 16, 4, 1, 4)) == 4
-    with pytest.raises(ValueError, match="split-K"):
-        norm_linear(x, None, 1e-6, w, config=(16, 16, 16, 4, 1, 2))
-    with pytest.raises(ValueError, match="split-K"):
-        linear_add(x, w, randn(3, 8, seed=36), config=(16, 16, 16, 4, 1, 0))
 
 
 def test_zero_rows_and_bad_shapes():

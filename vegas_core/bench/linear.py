@@ -6,8 +6,7 @@ runs: a 64-request decode or draft step, and its verification at gamma 8 (576 ro
 Per projection (qkv, o_proj, gate_up, down_proj, lm_head) and row count: `cublas_us` (the old
 path's launches for that projection: the norm kernel before it, the product, SiLU * up after the
 gate/up product) and `fused_us` (one launch), with the launch configuration the engine uses;
-`--sweep` also times a grid of configurations (for the residual-add projections also split over K,
-`SPLITS`) and reports the best per projection, scored as the
+`--sweep` also times a grid of configurations and reports the best per projection, scored as the
 64-row time plus an eighth of the 576-row one (a Vegas iteration runs 8 draft steps per
 verification), and the table to paste into `kernels.fused_linear.CONFIGS`. A `layer` record
 times the whole non-attention part of a layer both ways, and `layer-pdl` the same with
@@ -139,19 +138,11 @@ def _qkv_rotary_records(shape: str, row_counts, weight, norm, device) -> list[di
     return records
 
 
-# K splits tried for the residual-add projections (linear_add: o_proj, down_proj), with 64-column K
-# tiles: at 64 rows their best single-split launches ran 36 programs on 132 SMs.
-SPLITS = (2, 4)
-
-
-def _configs(n: int, add: bool = False):
+def _configs(n: int):
     for bm, bn, bk, (warps, stages) in itertools.product(*GRID.values()):
         if bn == 128 and n < 4096:
             continue
         yield (bm, bn, bk, warps, stages)
-        if add and bk == 64:
-            for split in SPLITS:
-                yield (bm, bn, bk, warps, stages, split)
 
 
 def run(args, argv: list[str]) -> str:
@@ -180,7 +171,7 @@ def run(args, argv: list[str]) -> str:
             rec["speedup"] = rec["cublas_us"] / rec["fused_us"]
             records.append(rec)
         if args.sweep:
-            configs = list(_configs(n_out, add))
+            configs = list(_configs(n_out))
             bar = common.progress_bar(len(configs), f"sweep {name}")
             scored = []
             for config in configs:
