@@ -55,10 +55,6 @@ USE_PDL = False
 # over 3 stages (`launch_config`); False: the launch every other call takes (an A/B switch, `bench
 # e2e --no-page-ahead`).
 ONE_ROW_PAGE_AHEAD = True
-# The key tile as the product's M side at head dim <= 64 (`_verify_swap_kernel`), for every
-# collection path alike; off: written and checked on the CPU, not yet timed on the GPU
-# (scripts/device/probe_swap_ab.py, bench/NOTES.md version 50; `bench e2e --swap-ab` for the A/B).
-SWAP_AB = False
 
 
 class LaunchConfig(NamedTuple):
@@ -69,7 +65,6 @@ class LaunchConfig(NamedTuple):
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
     unmasked_tiles: bool  # tiles every row sees whole skip the masks (_attend_tile)
     page_ahead: int = 0  # tiles ahead whose block-table entries a program loads (0, 1 or 2)
-    swap_ab: bool = False  # scores as S^T = K Q^T (`_verify_swap_kernel`): every path of the head dim
 
 
 def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
@@ -87,7 +82,10 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
       64 keys (C2Q 984.5 against 1,164.1, the main-tile store 974.1 against 990.1; none, 637.8
       with 128, pays 1.4 %: 647.0). Until 2026-12-04 each path took its own fastest tile, which
       changed the output in the last bits when the main tile stored rows at head dim 64 or C2Q
-      ran at 128; the cost of the one size is not yet measured end to end;
+      ran at 128. Measured in run 52 (kernels-2026-12-05-h200-run52.json against run 41's,
+      8 rows): the main-tile store at head dim 64 205.2 -> 241.8 us (all rows 265.4 -> 323.8),
+      no collection at 128 531.0 -> 529.7; end to end vegas-all's verification 10.26 -> 11.25 ms
+      (e2e-2026-12-05-h200-run52-8k.json against run 50's);
     - warps and stages: 4 and 2 (the same sweep; none also 24 configs in
       kernels-2026-11-30-h200.json);
     - merge and registers: `sweep: merge_tune` in kernels-2026-12-01-h200-merge.json (before
@@ -128,9 +126,6 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
     small = head_dim <= 64
     unmasked = not small          # one choice per head dim for every path (see above)
     block_n = 128 if small else 64    # likewise
-    if small and SWAP_AB:         # one kernel for every path of the head dim, as for the masks
-        return LaunchConfig(128, 4, 2, fused_merge=True, max_registers=0, unmasked_tiles=False,
-                            swap_ab=True)
     if collect_mode == 0:
         ahead = small and q_rows == 1 and ONE_ROW_PAGE_AHEAD
         return LaunchConfig(block_n, 4, 3 if ahead else 2, fused_merge=small,
@@ -552,115 +547,6 @@ if triton is not None:
             tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_i + tl.log(l_safe), mask=m_valid)
 
     @triton.jit
-    def _verify_swap_kernel(
-            q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
-            part_acc_ptr, part_ml_ptr, cnt_ptr,
-            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, logits_len,
-            s_qt, s_qh, s_qd,
-            s_kb, s_kt, s_kh, s_kd,
-            s_vb, s_vt, s_vh, s_vd,
-            s_ot, s_oh, s_od,
-            s_lt, s_lh,
-            s_gr, s_gh, s_gc,
-            s_tb,
-            s_ps, s_pt, s_ph,
-            BLOCK_SIZE: tl.constexpr,
-            GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, COLLECT: tl.constexpr,
-            SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr, PRECISION: tl.constexpr,
-            INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
-        """`_verify_attention_kernel`'s programs and outputs with the product turned around: the
-        scores as S^T = K Q^T ([BLOCK_N keys, BLOCK_M rows]) and the output as O^T += V^T P^T,
-        the softmax over axis 0. At head dim 64 a program's BLOCK_M is 16-32 (query heads x rows),
-        under the 64 rows of a Hopper warp group's MMA; the key tile as M may take it, reading K
-        and V^T from shared memory. Every tile is masked. COLLECT stores the scores of the rows
-        with a slot (any row set: Collect-2-Query's first and last rows, or all) from the score
-        tile itself, so collecting adds only the stores and never changes `out` or `lse`. Its
-        programs and tile rows are `_verify_attention_kernel`'s (`_program_keys`, `_tile_rows`)."""
-        pdl_wait(USE_PDL)
-        req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
-                                                                     BLOCK_N, SPLIT)
-        offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
-            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
-        q_t = tl.load(q_ptr + (q_start + row)[None, :] * s_qt + head[None, :] * s_qh
-                      + offs_d[:, None] * s_qd, mask=m_valid[None, :] & d_valid[:, None], other=0.0)
-        slot = tl.load(slot_ptr + q_start + row, mask=m_valid & COLLECT, other=-1)
-        keep = (slot >= 0) & m_valid
-
-        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc_t = tl.zeros([BLOCK_D, BLOCK_M], dtype=tl.float32)
-        if INTERPRET:   # while loops: see _verify_attention_kernel
-            start = lo
-            while start < hi:
-                m_i, l_i, acc_t = _swap_tile(
-                    start, q_t, row_pos, m_valid, slot, head, keep, m_i, l_i, acc_t, k_ptr, v_ptr,
-                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd, s_vb,
-                    s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                    HEAD_DIM, COLLECT, PRECISION)
-                start += BLOCK_N
-        else:
-            for start in range(lo, hi, BLOCK_N):
-                m_i, l_i, acc_t = _swap_tile(
-                    start, q_t, row_pos, m_valid, slot, head, keep, m_i, l_i, acc_t, k_ptr, v_ptr,
-                    logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd, s_vb,
-                    s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D,
-                    HEAD_DIM, COLLECT, PRECISION)
-
-        last = True
-        if SPLIT:
-            last = split == num_splits - 1
-        if COLLECT:
-            if last:
-                _store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
-                                BLOCK_M, BLOCK_N, INTERPRET)
-        o_rows = q_start + row
-        if SPLIT:
-            part = split * s_ps + o_rows * s_pt + head * s_ph
-            tl.store(part_acc_ptr + part[None, :] * HEAD_DIM + offs_d[:, None], acc_t,
-                     mask=m_valid[None, :] & d_valid[:, None])
-            tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
-            tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
-            if FUSED_MERGE:
-                if last_to_arrive(cnt_ptr + req * tl.num_programs(1) + kvh, num_splits):
-                    _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid,
-                                offs_d, d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od,
-                                s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET)
-        else:
-            l_safe = tl.where(l_i > 0, l_i, 1.0)
-            acc_t = acc_t / l_safe[None, :]
-            tl.store(out_ptr + o_rows[None, :] * s_ot + head[None, :] * s_oh
-                     + offs_d[:, None] * s_od,
-                     acc_t.to(out_ptr.dtype.element_ty), mask=m_valid[None, :] & d_valid[:, None])
-            tl.store(lse_ptr + o_rows * s_lt + head * s_lh, m_i + tl.log(l_safe), mask=m_valid)
-
-    @triton.jit
-    def _swap_tile(start, q_t, row_pos, m_valid, slot, head, keep, m_i, l_i, acc_t, k_ptr, v_ptr,
-                   logits_ptr, tables_ptr, req, kvh, ctx, scale, s_kb, s_kt, s_kh, s_kd, s_vb,
-                   s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   COLLECT: tl.constexpr, PRECISION: tl.constexpr):
-        """One BLOCK_N-key tile of `_verify_swap_kernel`: gather, S^T, mask, (store the collected
-        rows' columns), fold into the online softmax over axis 0."""
-        pos, n_valid, k_tile, v_tile = _load_kv(
-            start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt,
-            s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, True, 0, False)
-        s_t = tl.dot(k_tile, q_t, input_precision=PRECISION) * scale       # [BLOCK_N, BLOCK_M]
-        visible = (pos[:, None] <= row_pos[None, :]) & n_valid[:, None] & m_valid[None, :]
-        s_t = tl.where(visible, s_t, float("-inf"))
-        if COLLECT:
-            dst = (logits_ptr + slot.to(tl.int64)[None, :] * s_gr + head[None, :] * s_gh
-                   + pos[:, None] * s_gc)
-            tl.store(dst, s_t.to(tl.bfloat16), mask=keep[None, :] & n_valid[:, None])
-        m_new = tl.maximum(m_i, tl.max(s_t, axis=0))
-        alpha = tl.exp(m_i - m_new)
-        p_t = tl.exp(s_t - m_new[None, :])
-        l_i = l_i * alpha + tl.sum(p_t, axis=0)
-        acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v_tile), p_t.to(v_tile.dtype),
-                                                input_precision=PRECISION)
-        return m_new, l_i, acc_t
-
-    @triton.jit
     def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid, offs_d,
                     d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -728,7 +614,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
                      max_registers: int | None = None, unmasked_tiles: bool | None = None,
-                     page_ahead: int | None = None, swap_ab: bool | None = None):
+                     page_ahead: int | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -771,7 +657,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead, swap_ab=swap_ab)
+                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -782,7 +668,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
                           unmasked_tiles: bool | None = None,
-                          page_ahead: int | None = None, swap_ab: bool | None = None):
+                          page_ahead: int | None = None):
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -798,10 +684,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
     False masks every tile (the same output within rounding, not always bit for bit).
     ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
-    the tile it will gather (0: in front of the gather; the same bits any way). ``swap_ab``: the
-    scores as S^T = K Q^T (`_verify_swap_kernel`; every tile masked, page entries loaded in front
-    of each gather, the collected rows stored from the score tile whatever ``c2q_tile`` says). All
-    of these, like the tile, warps and stages, default to `launch_config`'s. Returns the launched
+    the tile it will gather (0: in front of the gather; the same bits any way). All of these, like the tile, warps and stages, default to `launch_config`'s. Returns the launched
     attention kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for an empty
     batch."""
     total, heads, dim = q.shape
@@ -819,7 +702,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     max_registers = cfg.max_registers if max_registers is None else max_registers
     unmasked_tiles = cfg.unmasked_tiles if unmasked_tiles is None else unmasked_tiles
     page_ahead = cfg.page_ahead if page_ahead is None else page_ahead
-    swap_ab = cfg.swap_ab if swap_ab is None else swap_ab
     if page_ahead not in (0, 1, 2):
         raise ValueError(f"page_ahead must be 0, 1 or 2, got {page_ahead}")
     if logits is None:
@@ -845,19 +727,12 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                    block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
                    *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
                    *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1])
-    if swap_ab:
-        launched = _verify_swap_kernel[(batch, kv_heads, num_splits)](
-            *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=block_d, COLLECT=collect_mode != 0, SPLIT=split, FUSED_MERGE=fused_merge,
-            PRECISION=precision, INTERPRET=_interpreting(), num_warps=num_warps,
-            num_stages=num_stages, **extra, **pdl)
-    else:
-        launched = _verify_attention_kernel[(batch, kv_heads, num_splits)](
-            *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
-            SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-            INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead,
-            num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
+    launched = _verify_attention_kernel[(batch, kv_heads, num_splits)](
+        *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
+        BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
+        SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
+        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead,
+        num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
             part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),

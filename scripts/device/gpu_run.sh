@@ -82,9 +82,6 @@
 #            (scripts/device/probe_page_ahead.py)
 #   paab     e2e greedy vanilla / stream / vegas with the plain decode step's page-ahead launch,
 #            then without (--no-page-ahead), each twice, alternated (E2E_ARGS sets the workload)
-#   swap     verification attention with the key tile as the product's M side (wgmma), against the
-#            engine's kernel (scripts/device/probe_swap_ab.py)
-#   swapab   e2e greedy vanilla / stream / vegas with --swap-ab, then without, each twice, alternated
 #   ncu1     Nsight Compute's counters and warp stall reasons for the attention kernels at one row
 #            (scripts/device/ncu_kernels.py --q-rows 1), into $OUT/ncu-1row.txt
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
@@ -240,8 +237,6 @@ for stage in "$@"; do
     hints) TAIL=30 step hints 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_kv_hints.py ;;
     paab) ab paab 200 off --no-page-ahead ahead-1 off-1 ahead-2 off-2 ;;
     ahead) TAIL=40 step ahead 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_page_ahead.py ;;
-    swapab) ab swapab 200 swap --swap-ab swap-1 base-1 swap-2 base-2 ;;
-    swap) TAIL=40 step swap 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_swap_ab.py ;;
     ncu1) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
           timeout 240 "$NCU" --profile-from-start off --clock-control none --section SpeedOfLight \
             --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats --section SchedulerStats \

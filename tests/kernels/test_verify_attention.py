@@ -113,31 +113,8 @@ def test_c2q_tile_collects_an_explicit_first_last_subset():
         check_logits(got, ref)
 
 
-@pytest.mark.parametrize("num_splits, fused", [(1, False), (3, True), (3, False)])
-@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim", CASES)
-def test_swap_ab_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads,
-                                                           head_dim, num_splits, fused):
-    """The scores as S^T = K Q^T (`swap_ab`, `_verify_swap_kernel`): the reference's answers in a
-    single pass and split (either merge), and collecting (C2Q whatever `c2q_tile` says, an
-    explicit row set, all rows) gives its no-collection output bit for bit, the collected rows
-    stored from the score tile."""
-    args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, seed=17)
-    kw = dict(num_splits=num_splits, block_n=16, swap_ab=True, fused_merge=fused)
-    base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
-    some = [0, int(args[5][-1]) - 1]                 # the first row of the batch and the last
-    for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None), (some, None)):
-        ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
-        out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
-        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
-        if collect != "none":
-            check_logits(logits, ref_logits)
-
-
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")   # the merge of padding rows reads unset memory
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_graph_padded_launch_matches_unpadded(swap_ab):
+def test_graph_padded_launch_matches_unpadded():
     """As a CUDA graph calls it: padding requests with no rows and no context after the real ones,
     padding rows past the last request, a logits buffer wider than any context whose tail is left
     unwritten (logits_len 0), outputs preallocated. Real rows equal the plain call bit for bit."""
@@ -146,8 +123,7 @@ def test_graph_padded_launch_matches_unpadded(swap_ab):
     total, pad_rows, pad_reqs, width = int(loc[-1]), 6, 2, 80
     rows = collected_rows(loc.cpu(), "c2q")
     want_out, want_lse, want = verify_attention(q, k_cache, v_cache, tables, ctx, loc, scale,
-                                                collect="c2q", num_splits=3, block_n=16,
-                                                swap_ab=swap_ab)
+                                                collect="c2q", num_splits=3, block_n=16)
     qp = torch.cat([q, torch.randn(pad_rows, *q.shape[1:], device=q.device)])
     tp = torch.cat([tables, torch.zeros(pad_reqs, tables.shape[1], dtype=tables.dtype,
                                         device=tables.device)])
@@ -160,7 +136,7 @@ def test_graph_padded_launch_matches_unpadded(swap_ab):
     for c2q_tile in (True, False):
         verify_attention_into(qp, k_cache, v_cache, tp, cp, lp, scale, out, lse, max_q=7,
                               num_splits=3, logits=logits, row_slot=slot, c2q_tile=c2q_tile,
-                              logits_len=0, block_n=16, swap_ab=swap_ab)
+                              logits_len=0, block_n=16)
         assert torch.equal(out[:total], want_out) and torch.equal(lse[:total], want_lse)
         for j, r in enumerate(rows.tolist()):
             c = int(ctx[[i for i in range(3) if loc[i] <= r < loc[i + 1]][0]])
@@ -239,20 +215,6 @@ def test_default_launches_collect_without_changing_the_output(heads, kv_heads, h
     assert tiles == {128 if head_dim <= 64 else 64}
 
 
-def test_swap_ab_is_one_choice_per_head_dim_and_off_by_default(monkeypatch):
-    """`SWAP_AB` (not yet timed on the GPU, so off) takes every collection path at head dim <= 64
-    and none at 128: collecting must not change the output, so the paths of a head dim choose alike."""
-    import kernels.verify_attention as va
-    assert not va.SWAP_AB
-    assert not any(va.launch_config(mode, dim, rows, q).swap_ab for mode in (0, 1, 2)
-                   for dim in (64, 128) for rows, q in ((16, 1), (32, 8)))
-    monkeypatch.setattr(va, "SWAP_AB", True)
-    for mode in (0, 1, 2):
-        for rows, q in ((16, 1), (32, 8), (64, 17)):
-            assert va.launch_config(mode, 64, rows, q).swap_ab
-            assert not va.launch_config(mode, 128, rows, q).swap_ab
-
-
 @pytest.mark.parametrize("unmasked", [False, True])
 def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked):
     """`page_ahead` 1 or 2 only moves when a tile's block-table entries are loaded (into the
@@ -329,18 +291,16 @@ def test_reference_matches_engine_maths():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is wrong for bf16; compiled GPU runs only")
-@pytest.mark.parametrize("swap_ab", [False, True])
-def test_bf16_at_smollm2s_shape_collect_keeps_output(swap_ab):
+def test_bf16_at_smollm2s_shape_collect_keeps_output():
     """bf16 as the engine runs it (SmolLM2's 9 / 3 heads at head dim 64, 1 and 9 rows, contexts
     over several splits): within bf16 rounding of the float32 reference, and collecting (C2Q either
-    way, all rows) gives the no-collection bits. With `swap_ab` the product is the warp-group MMA's
-    shape on Hopper, which float32 inputs do not reach."""
+    way, all rows) gives the no-collection bits at the engine's own launches."""
     for q_rows in (1, 9):
         args = make_case([q_rows] * 6, [300, 517, 640, 1000, 77, 1200], 9, 3, 64, seed=21,
                          dtype=torch.bfloat16)
         ref_out, ref_lse, _ = verify_attention_reference(
             *(a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args))
-        kw = dict(num_splits=4, swap_ab=swap_ab)
+        kw = dict(num_splits=4)
         base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
         torch.testing.assert_close(base_out.float(), ref_out, atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(base_lse, ref_lse, atol=1e-2, rtol=1e-3)
