@@ -224,7 +224,7 @@ for stage in "$@"; do
              --sparsities 0.02 0.04 0.07 0.1 0.15 --gammas 3 4 6 8 10 12 --large-gamma 12 \
              --methods ${TUNE8K_METHODS:-stream vegas} --out "$OUT/results/tune8k"
             cp "$OUT"/results/tune8k/tune-*.json /root/tune8k.json ;;
-    e2e8k) tuned=${E2E8K_TUNED:-bench/results/tune-2026-12-04-h200-run46-8k-merged.json}
+    e2e8k) tuned=${E2E8K_TUNED:-bench/results/tune-2026-12-05-h200-run52-8k-merged.json}
            if [ -f /root/tune8k.json ]; then
              python3 scripts/device/merge_tune.py "$OUT/results/tune8k-merged.json" /root/tune8k.json "$tuned"
              tuned="$OUT/results/tune8k-merged.json"
