@@ -197,6 +197,18 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert not any(launch_config(mode, 64, rows).unmasked_tiles for mode in (0, 1, 2))
 
 
+def _default_launches_collect_keep_output(q_rows, heads, kv_heads, head_dim):
+    args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
+    ref_out, ref_lse, _ = verify_attention_reference(*args)
+    base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
+    torch.testing.assert_close(base_out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(base_lse, ref_lse, atol=1e-4, rtol=1e-4)
+    rows = [0, 3 * q_rows - 1]
+    for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None), (rows, None)):
+        out, lse, _ = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, num_splits=3)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), (collect, c2q_tile)
+
+
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128)])
 @pytest.mark.parametrize("q_rows", [1, 9])
 def test_default_launches_collect_without_changing_the_output(heads, kv_heads, head_dim, q_rows):
@@ -204,15 +216,54 @@ def test_default_launches_collect_without_changing_the_output(heads, kv_heads, h
     gives the no-collection bits: the paths of a head dim share the key tile (the online softmax
     rounds at tile boundaries), the masks, and the merge arithmetic."""
     from kernels.verify_attention import launch_config
-    args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
-    base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
-    rows = [0, 3 * q_rows - 1]
-    for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None), (rows, None)):
-        out, lse, _ = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, num_splits=3)
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), (collect, c2q_tile)
+    _default_launches_collect_keep_output(q_rows, heads, kv_heads, head_dim)
     tiles = {launch_config(mode, head_dim, block_m, q).block_n for mode in (0, 1, 2)
              for block_m, q in ((16, 1), (32, 8), (64, 17))}
     assert tiles == {128 if head_dim <= 64 else 64}
+
+
+@pytest.mark.parametrize("q_rows", [1, 9])
+def test_warp_split_launches_collect_without_changing_the_output(q_rows, monkeypatch):
+    """With `WARP_SPLIT` on, every path at head dim 64 with tiles of up to 32 rows takes the
+    warp-split launch (one key tile and chunking for all, so collecting leaves the output's bits)
+    and 64-row tiles keep the 2-D kernel; head dim 128 is untouched."""
+    import kernels.verify_attention as va
+    monkeypatch.setattr(va, "WARP_SPLIT", True)
+    _default_launches_collect_keep_output(q_rows, 9, 3, 64)
+    for mode in (0, 1, 2):
+        assert va.launch_config(mode, 64, 16, 1).warp_split and va.launch_config(mode, 64, 32, 9).warp_split
+        assert not va.launch_config(mode, 64, 64, 17).warp_split
+        assert not va.launch_config(mode, 128, 32, 8).warp_split
+    assert {va.launch_config(m, 64, b).block_n for m in (0, 1, 2) for b in (16, 32)} == {64}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim", CASES)
+def test_warp_split_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads,
+                                                               head_dim, fused):
+    """`warp_split`: each warp folds its own 16 keys of every 32-key tile into its own softmax
+    state, merged once at the end. The reference's answers at GQA 1, 3 and 8, 1-17 rows, contexts
+    ending inside a warp's chunk, split ranges with no keys, either merge; collecting (C2Q through
+    either tile, all rows) gives the no-collection bits."""
+    args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, seed=29)
+    kw = dict(num_splits=3, block_n=32, num_warps=2, warp_split=True, fused_merge=fused)
+    base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
+    for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
+        ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
+        out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
+        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
+        if collect != "none":
+            check_logits(logits, ref_logits)
+
+
+def test_warp_split_rejects_chunks_an_mma_cannot_take():
+    args = make_case([2], [40], 9, 3, 16)
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        verify_attention(*args, block_n=32, num_warps=4, warp_split=True)     # 8 keys a warp
+    with pytest.raises(ValueError, match="page_ahead"):
+        verify_attention(*args, block_n=32, num_warps=2, warp_split=True, page_ahead=1)
 
 
 @pytest.mark.parametrize("unmasked", [False, True])
@@ -291,10 +342,14 @@ def test_reference_matches_engine_maths():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is wrong for bf16; compiled GPU runs only")
-def test_bf16_at_smollm2s_shape_collect_keeps_output():
+@pytest.mark.parametrize("warp_split", [False, True])
+def test_bf16_at_smollm2s_shape_collect_keeps_output(warp_split, monkeypatch):
     """bf16 as the engine runs it (SmolLM2's 9 / 3 heads at head dim 64, 1 and 9 rows, contexts
     over several splits): within bf16 rounding of the float32 reference, and collecting (C2Q either
-    way, all rows) gives the no-collection bits at the engine's own launches."""
+    way, all rows) gives the no-collection bits at the engine's own launches, with `WARP_SPLIT`
+    off and on (the register caps differ per path there too)."""
+    import kernels.verify_attention as va
+    monkeypatch.setattr(va, "WARP_SPLIT", warp_split)
     for q_rows in (1, 9):
         args = make_case([q_rows] * 6, [300, 517, 640, 1000, 77, 1200], 9, 3, 64, seed=21,
                          dtype=torch.bfloat16)
