@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,linear,sampling,agreement,e2e,tune} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,linear,sampling,agreement,e2e,tune,sass} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, decode, e2e, kernels, linear, sampling, tune
+from . import acceptance, agreement, decode, e2e, kernels, linear, sampling, sass, tune
 
 
 # name -> (module with add_arguments / run / a docstring, one-line help)
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "agreement": (agreement, "kernel path vs reference path, same answers?"),
     "e2e": (e2e, "every method on one workload, side by side"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
+    "sass": (sass, "verify_attention's launches compiled for sm_90 offline: registers, spills, barriers"),
 }
 
 

@@ -106,7 +106,7 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
     # The reference path runs neither the one-launch selection nor PDL (both GPU kernel paths).
     assert doc["fused_select"] is False and doc["verify_pdl"] is False and doc["pdl"] is False
     assert doc["packed_sparse"] is False and doc["sparse_fused_merge"] is False   # kernel-path choices
-    assert doc["one_row_page_ahead"] is False
+    assert doc["one_row_page_ahead"] is False and doc["warp_split"] is False
     assert doc["sparse_split_tiles"] == 2
     recs = doc["records"]
     # The bound no plain decoder passes: weights plus the batch's whole KV a step, at the measured
@@ -414,3 +414,34 @@ def test_linear_bench_grid_is_what_the_kernel_takes():
     for config in configs[::7]:
         torch.testing.assert_close(norm_linear(x, nw, 1e-6, w, config=config),
                                    norm_linear_reference(x, nw, 1e-6, w), atol=1e-5, rtol=1e-5)
+
+
+def test_sass_compiles_the_engine_launches_offline(tmp_path):
+    """`bench sass` compiles verify_attention's launches for sm_90 on this CPU machine (in a Python
+    whose kernels are compiled, not interpreted) and records what the compiler made of them."""
+    import subprocess
+    import sys
+    pytest.importorskip("triton")
+    argv = ["sass", "--shapes", "smollm2", "--rows", "10", "--collects", "none", "c2q",
+            "--warp-split", "--out", str(tmp_path)]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    run = subprocess.run([sys.executable, "-m", "vegas_core.bench", *argv], cwd=root,
+                         env=dict(os.environ, TRITON_INTERPRET="0"), capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [path] = glob.glob(os.path.join(tmp_path, "sass-*-sm90.json"))
+    with open(path, encoding="utf-8") as f:
+        doc = json.load(f)
+    assert doc["device"].startswith("none: compiled offline for sm_90")
+    assert doc["command"] == "python -m vegas_core.bench " + " ".join(argv)
+    recs = {(r["collect"], r["variant"]): r for r in doc["records"]}
+    assert set(recs) == {("none", "engine"), ("none", "warp-split"), ("c2q", "engine"), ("c2q", "warp-split")}
+    for r in recs.values():
+        assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1 and len(r["sass_sha256"]) == 64
+        assert r["loop_instructions"] > 0 and r["loop_HMMA"] > 0
+    assert recs[("none", "engine")]["block_n"] == 128 and recs[("none", "warp-split")]["block_n"] == 64
+    assert recs[("none", "engine")]["sass_sha256"] != recs[("none", "warp-split")]["sass_sha256"]
+    # interpreted kernels cannot be compiled: a clear error, not a traceback
+    bad = subprocess.run([sys.executable, "-m", "vegas_core.bench", *argv], cwd=root,
+                         env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "without TRITON_INTERPRET=1" in bad.stderr
