@@ -1,0 +1,124 @@
+"""A/B in one process: verify_attention with each key tile cut into one chunk a warp, each with its
+own softmax state (`verify_attention(warp_split=True)`, `_attend_tile_warps`), against the
+engine's 2-D launch.
+
+Why (bench/NOTES.md version 57): at head dim 64 the tile has 16-32 rows (query heads x rows) and
+128 keys; Triton puts the 4 warps of a chained product with fewer rows than keys along the keys
+(warpsPerCTA [1, 4]), so every tile reduces its max and sum across warps and passes P through
+shared memory: 10 barriers a tile in the main loop of the SASS (compiled offline for sm_90,
+`python -m vegas_core.bench sass --warp-split`), against 2 a 64-key tile with the warp split.
+Nsight Compute had the 2-D kernel latency-bound (run 48).
+
+Cases: batch 64 x 8K, SmolLM2's shape (9 / 3 / 64) at 1 row (a plain decode step), 8 rows, and 10
+(vegas's tuned gamma 9) without collection, with Collect-2-Query and with all rows stored. Each
+warp-split launch over (tile, warps, stages, register cap) choices and twice the splits; per
+record the registers and spills of the compiled kernel and the largest differences from the
+engine's output, log-sum-exp and collected logits (another summation order: not the same bits).
+Whether collecting leaves the warp-split output's bits is checked at `launch_config`'s launch.
+Writes $OUT/results/kernels-warp-split-<date>-<device>.json."""
+import os
+
+import torch
+import triton
+
+import kernels.verify_attention as va
+from vegas_core.bench import common
+from vegas_core.bench.common import copy_bandwidth
+from vegas_core.bench.kernels import SHAPES, _bench, paged_case
+
+# (block_n, num_warps, num_stages, max_registers or None for launch_config's, splits factor)
+CONFIGS = [(64, 4, 2, None, 1), (64, 4, 2, 0, 1), (64, 4, 2, 168, 1), (64, 4, 2, 200, 1),
+           (64, 4, 3, None, 1), (64, 4, 2, None, 2), (128, 8, 2, 0, 1), (128, 4, 2, 0, 1),
+           (32, 2, 2, 0, 1)]
+CASES = [(1, ("none",)), (8, ("none", "c2q", "all")), (10, ("none", "c2q", "all"))]
+BATCH, CONTEXT = 64, 8192
+
+
+def _buffers(q, heads, ctx_len, crow, collect):
+    out = torch.empty_like(q)
+    lse = torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device)
+    logits = (torch.empty(len(crow), heads, ctx_len, dtype=torch.bfloat16, device=q.device)
+              if collect != "none" else None)
+    return out, lse, logits
+
+
+def main(dev=torch.device("cuda")):
+    copy = copy_bandwidth(dev)
+    records = []
+    heads, kvh, dim, _ = SHAPES["smollm2"]
+    batch, ctx_len = BATCH, CONTEXT
+    k, v, tables, ctx = paged_case(batch, ctx_len, kvh, dim, 16, dev)
+    kv_bytes = 2 * batch * ctx_len * kvh * dim * 2
+    splits = va.default_num_splits(batch, kvh, ctx_len)
+    scale = dim ** -0.5
+    for rows, collects in CASES:
+        total = batch * rows
+        q = torch.randn(total, heads, dim, device=dev, dtype=torch.bfloat16)
+        loc = torch.arange(0, total + 1, rows, dtype=torch.int32, device=dev)
+        split_outputs = {}
+        for collect in collects:
+            crow = va.collected_rows(loc.cpu(), collect)
+            slots = va.collected_row_slots(crow, total).to(dev) if collect != "none" else None
+            fields = dict(shape="smollm2", batch=batch, context=ctx_len, q_rows=rows, heads=heads,
+                          kv_heads=kvh, head_dim=dim, collect=collect, kv_bytes=kv_bytes, copy_TBps=copy)
+
+            def launch(bufs, n_splits=splits, warp_split=False, **kw):
+                va.WARP_SPLIT = warp_split      # launch_config's choices for that kernel
+                return va.verify_attention_into(
+                    q, k, v, tables, ctx, loc, scale, bufs[0], bufs[1], max_q=rows, num_splits=n_splits,
+                    logits=bufs[2], row_slot=slots, c2q_tile=collect == "c2q", logits_len=ctx_len, **kw)
+
+            base = _buffers(q, heads, ctx_len, crow, collect)
+            compiled = launch(base)
+            base_us = _bench(lambda: launch(base))
+            records.append(dict(kernel="verify_attention", variant="engine", num_splits=splits, us=base_us,
+                                copy_fraction=kv_bytes / (base_us * 1e-6) / 1e12 / copy,
+                                registers=compiled.n_regs, spills=compiled.n_spills, **fields))
+            print(f"rows {rows:2d} {collect:4s}: engine {base_us:7.1f} us {records[-1]['copy_fraction']:.0%} of copy "
+                  f"regs={compiled.n_regs}")
+            for block_n, warps, stages, nreg, factor in CONFIGS:
+                bufs = _buffers(q, heads, ctx_len, crow, collect)
+                cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages, warp_split=True)
+                if nreg is not None:
+                    cfg["max_registers"] = nreg
+                n_splits = splits * factor
+                default = (block_n, warps, stages, nreg, factor) == CONFIGS[0]
+                label = dict(block_n=block_n, num_warps=warps, num_stages=stages, max_registers=nreg,
+                             num_splits=n_splits, launch_config=default)
+                try:
+                    compiled = launch(bufs, n_splits, **cfg)
+                    torch.cuda.synchronize()
+                except Exception as e:  # noqa: BLE001 - a launch that does not compile is a result too
+                    records.append(dict(kernel="verify_attention", variant="warp_split", **label,
+                                        error=f"{type(e).__name__}: {e}"[:300], **fields))
+                    print(f"  {label}: failed {records[-1]['error']}")
+                    continue
+                us = _bench(lambda: launch(bufs, n_splits, **cfg))
+                rec = dict(kernel="verify_attention", variant="warp_split", **label, us=us,
+                           copy_fraction=kv_bytes / (us * 1e-6) / 1e12 / copy, speedup_vs_engine=base_us / us,
+                           registers=compiled.n_regs, spills=compiled.n_spills,
+                           max_abs_diff_vs_engine=(bufs[0].float() - base[0].float()).abs().max().item(),
+                           max_lse_diff_vs_engine=(bufs[1] - base[1]).abs().max().item(), **fields)
+                if collect != "none":
+                    want, got = base[2].float(), bufs[2].float()
+                    rec["logits_same_inf"] = bool(torch.equal(torch.isinf(got), torch.isinf(want)))
+                    fin = torch.isfinite(want)
+                    rec["max_logit_diff_vs_engine"] = (got[fin] - want[fin]).abs().max().item()
+                if default:
+                    split_outputs[collect] = (bufs[0].clone(), bufs[1].clone())
+                    if collect != "none" and "none" in split_outputs:
+                        rec["same_bits_as_none"] = bool(torch.equal(bufs[0], split_outputs["none"][0])
+                                                        and torch.equal(bufs[1], split_outputs["none"][1]))
+                records.append(rec)
+                print(f"  ws {block_n}/{warps}/{stages}/{nreg} x{factor}: {us:7.1f} us {rec['copy_fraction']:.0%} "
+                      f"x{rec['speedup_vs_engine']:.2f} regs={rec['registers']} spills={rec['spills']} "
+                      f"diff {rec['max_abs_diff_vs_engine']:.1e}"
+                      + (f" same_bits_as_none={rec['same_bits_as_none']}" if "same_bits_as_none" in rec else ""))
+    path = common.write_results("kernels-warp-split", os.environ["OUT"] + "/results", dev, [], records,
+                                command="python scripts/device/probe_warp_split.py", triton=triton.__version__,
+                                copy_TBps=copy)
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
