@@ -15,6 +15,7 @@ warp-split launch over (tile, warps, stages, register cap) choices and twice the
 record the registers and spills of the compiled kernel and the largest differences from the
 engine's output, log-sum-exp and collected logits (another summation order: not the same bits).
 Whether collecting leaves the warp-split output's bits is checked at `launch_config`'s launch.
+Then the draft's sparse attention with 4, 2 and 1 warps a program (`sparse_warps`).
 Writes $OUT/results/kernels-warp-split-<date>-<device>.json."""
 import os
 
@@ -114,10 +115,32 @@ def main(dev=torch.device("cuda")):
                       f"x{rec['speedup_vs_engine']:.2f} regs={rec['registers']} spills={rec['spills']} "
                       f"diff {rec['max_abs_diff_vs_engine']:.1e}"
                       + (f" same_bits_as_none={rec['same_bits_as_none']}" if "same_bits_as_none" in rec else ""))
+    records += sparse_warps(dev, copy)
     path = common.write_results("kernels-warp-split", os.environ["OUT"] + "/results", dev, [], records,
                                 command="python scripts/device/probe_warp_split.py", triton=triton.__version__,
                                 copy_TBps=copy)
     print("wrote", path)
+
+
+def sparse_warps(dev, copy):
+    """The draft's sparse attention with fewer warps a program. Its packed program (SmolLM2's
+    9 heads as 16 rows, 32-entry tiles, 4 warps) also has its warps along the entries: 13 barriers
+    a tile in the offline compile, 2 with one warp (which then issues the whole tile: 860
+    instructions against 367 a warp). Batch 64 x 8K at vegas's tuned sparsity 0.05 with an 8-entry
+    tail, one selection shared by the KV heads (packed), the automatic split and the CUDA-graph
+    path's 12."""
+    from vegas_core.bench.kernels import sparse_record
+    out = []
+    for block_n in (32, 64):
+        for warps in (4, 2, 1):
+            for splits in (None, 12):
+                rec = sparse_record("smollm2", BATCH, CONTEXT, 0.05, 8, 16, dev, copy, block_n=block_n,
+                                    num_splits=splits, granularity="layer", num_warps=warps)
+                rec["sweep"] = "sparse_warps"
+                out.append(rec)
+                print(f"sparse block_n {block_n} warps {warps} splits {splits}: {rec['us']:6.1f} us "
+                      f"{rec['copy_fraction']:.0%} of copy")
+    return out
 
 
 if __name__ == "__main__":
