@@ -364,9 +364,15 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
     if not q.is_cuda or _interpreting():
         return 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    per_sm = 6 if q.shape[-1] <= 64 else 4
-    want = (per_sm * sms) // max(1, batch * kv_heads)
-    cap = max(1, triton.cdiv(max_selected, MIN_TILES_PER_SPLIT * block_n))
+    return split_count(batch, kv_heads, max_selected, block_n, q.shape[-1], sms)
+
+
+def split_count(batch: int, kv_heads: int, max_selected: int, block_n: int, head_dim: int,
+                num_sms: int) -> int:
+    """`_auto_splits`' rule on a GPU of ``num_sms`` SMs (also for compiling its launch offline)."""
+    per_sm = 6 if head_dim <= 64 else 4
+    want = (per_sm * num_sms) // max(1, batch * kv_heads)
+    cap = max(1, -(-max_selected // (MIN_TILES_PER_SPLIT * block_n)))
     return int(max(1, min(want, cap, 64)))
 
 

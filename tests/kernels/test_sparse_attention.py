@@ -239,3 +239,14 @@ def test_packed_is_close_to_the_per_kv_head_programs_on_gpu(dtype):
         packed = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=True)
         single = sparse_attention(*args, block_n=block_n, num_splits=splits, packed=False)
         torch.testing.assert_close(packed, single, **tol)
+
+
+def test_split_count_fills_about_one_wave_of_resident_programs():
+    """The device rule behind `_auto_splits` (and `bench sass`'s offline launches): about 6
+    programs an SM at head dim 64 (4 above), at least two tiles of the index capacity a split."""
+    from kernels.sparse_attention import split_count
+    assert split_count(64, 1, 8192, 32, 64, 132) == 12     # packed, the CUDA graphs' 12 at batch 64
+    assert split_count(64, 3, 8192, 32, 64, 132) == 4      # a program per KV head
+    assert split_count(64, 8, 8192, 32, 128, 132) == 1     # 512 programs already fill the GPU
+    assert split_count(1, 1, 100, 32, 64, 132) == 2        # capped: 100 entries = 2 splits of 2 tiles
+    assert split_count(1, 1, 1 << 20, 32, 64, 132) == 64   # never more than 64

@@ -11,7 +11,7 @@ Launches: the engine's own (`launch_config`) for each collection path (none, C2Q
 tile, the main-tile store of all rows) at SmolLM2's shape (9 / 3 heads, head dim 64) and the
 8B-like one (32 / 8 / 128), for the given row counts, at batch 64 x 8K; with `--warp-split` also
 the warp-split launches where `kernels.verify_attention.WARP_SPLIT` changes the launch (head dim
-64, tiles of up to 32 rows). Records: `shape`,
+64, tiles of up to 32 rows). Records: `kernel`, `shape`,
 `q_rows`, `collect`, `variant`, `block_n`, `num_warps`, `max_registers`, `registers`, `stack`,
 `shared`, `mma`, `programs_per_sm`, `tile_keys`, `loop_instructions` and the loop's opcode
 counts (`loop_BAR`, `loop_STS`, ...), and `sass_sha256` (the instruction text: equal hashes are
@@ -37,6 +37,9 @@ SM_REGISTERS, SM_SHARED, SM_WARPS = 65536, 233472, 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kernels", nargs="+", default=["verify", "sparse"], choices=["verify", "sparse"],
+                   help="verify_attention's launches, and the draft's sparse_attention (packed where "
+                        "the heads fit one program, and per KV head)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 10, 11],
                    help="query rows a request (default: 1 a plain decode step, 8, 10 vegas's tuned "
@@ -89,27 +92,67 @@ def engine_launch(shape: str, rows: int, collect: str, batch: int = 64, context:
     return kernel, launches[0], compile_launch(kernel, launches[0])
 
 
-def record_for(shape, rows, collect, batch, context, warp_split=False) -> dict:
+def sparse_launch(shape: str, packed: bool, batch: int = 64, context: int = 8192):
+    """The compiled sparse_attention kernel of a draft step as the engine's CUDA graphs launch
+    it: index buffers as wide as the context (so the split count is the device rule's, 12 for a
+    packed batch of 64 on 132 SMs), one selection shared by the KV heads when ``packed``."""
+    import kernels.sparse_attention as sa
+    from kernels.offline import compile_launch, record
+    heads, kvh, dim = SHAPES[shape]
+    block = 16
+    q = torch.zeros(batch, heads, dim, dtype=torch.bfloat16)
+    k = torch.zeros(4, block, kvh, dim, dtype=torch.bfloat16)
+    v = torch.zeros_like(k)
+    tables = torch.zeros(batch, context // block, dtype=torch.int32)
+    ctx = torch.full((batch,), context, dtype=torch.int32)
+    groups = 1 if packed else kvh
+    idx = torch.zeros(batch, groups, context, dtype=torch.int32)
+    counts = torch.zeros(batch, dtype=torch.int32)
+    tail = torch.full((batch,), context, dtype=torch.int32)
+    splits = sa.split_count(batch, 1 if packed else kvh, context, 32, dim, 132)
+    with record(sa, "_sparse_attention_kernel") as (kernel, launches):
+        try:
+            sa.sparse_attention(q, k, v, tables, ctx, idx, counts, tail, dim ** -0.5,
+                                num_splits=splits, packed=packed)
+        except RuntimeError:
+            if not launches:     # the merge kernel after it needs a driver
+                raise
+    return kernel, launches[0], compile_launch(kernel, launches[0])
+
+
+def _stats_record(launch, compiled, **fields) -> dict:
     from kernels.offline import sass_instructions, sass_stats
-    _, launch, compiled = engine_launch(shape, rows, collect, batch, context, warp_split)
     st = sass_stats(compiled)
     kw = launch.kwargs
     warps = kw["num_warps"]
     regs_per_program = st.registers * 32 * warps
     programs = min(SM_REGISTERS // regs_per_program, SM_SHARED // max(st.shared, 1), SM_WARPS // warps)
-    loop = st.main_loop
     text = "\n".join(t for _, t in sass_instructions(compiled))
-    rec = dict(kernel="verify_attention", shape=shape, q_rows=rows, collect=collect, batch=batch,
-               context=context, variant="warp-split" if kw.get("WARP_SPLIT") else "engine",
-               block_n=kw["BLOCK_N"], block_m=kw["BLOCK_M"], num_warps=warps,
+    rec = dict(**fields, block_n=kw["BLOCK_N"], block_m=kw["BLOCK_M"], num_warps=warps,
                num_stages=kw["num_stages"], max_registers=kw.get("maxnreg", 0),
                registers=st.registers, stack=st.stack, shared=st.shared, mma=st.mma,
                programs_per_sm=programs, tile_keys=kw["BLOCK_N"],
                sass_sha256=hashlib.sha256(text.encode()).hexdigest())
+    loop = st.main_loop
     if loop is not None:
         rec["loop_instructions"] = loop.instructions
         rec.update({f"loop_{op}": n for op, n in loop.ops.items()})
     return rec
+
+
+def record_for(shape, rows, collect, batch, context, warp_split=False) -> dict:
+    _, launch, compiled = engine_launch(shape, rows, collect, batch, context, warp_split)
+    return _stats_record(launch, compiled, kernel="verify_attention", shape=shape, q_rows=rows,
+                         collect=collect, batch=batch, context=context,
+                         variant="warp-split" if launch.kwargs.get("WARP_SPLIT") else "engine")
+
+
+def sparse_record_for(shape, packed, batch, context) -> dict:
+    _, launch, compiled = sparse_launch(shape, packed, batch, context)
+    return _stats_record(launch, compiled, kernel="sparse_attention", shape=shape, q_rows=1,
+                         collect="none", batch=batch, context=context,
+                         variant="packed" if packed else "per-kv-head",
+                         num_splits=launch.grid[2])
 
 
 def run(args, argv: list[str]) -> str:
@@ -130,8 +173,21 @@ def run(args, argv: list[str]) -> str:
 
     cases = [(s, r, c, ws) for s in args.shapes for r in args.rows for c in args.collects
              for ws in ((False, True) if splits_there(s, r) else (False,))]
-    records = [record_for(s, r, c, args.batch, args.context, ws)
-               for s, r, c, ws in tqdm(cases, desc="compiling for sm_90", unit="launch")]
+    if "verify" not in args.kernels:
+        cases = []
+    from kernels.sparse_attention import packs_kv_heads
+    sparse_cases = [(s, packed) for s in args.shapes for packed in (True, False)
+                    if "sparse" in args.kernels
+                    and (not packed or packs_kv_heads(SHAPES[s][0], SHAPES[s][1], 1))]
+    bar = tqdm(total=len(cases) + len(sparse_cases), desc="compiling for sm_90", unit="launch")
+    records = []
+    for s, r, c, ws in cases:
+        records.append(record_for(s, r, c, args.batch, args.context, ws))
+        bar.update()
+    for s, packed in sparse_cases:
+        records.append(sparse_record_for(s, packed, args.batch, args.context))
+        bar.update()
+    bar.close()
     import triton
     date = datetime.date.today().isoformat()
     doc = dict(date=date, device=f"none: compiled offline for sm_90 (Triton {triton.__version__}'s "
@@ -149,7 +205,7 @@ def run(args, argv: list[str]) -> str:
 
 
 def _print(records) -> None:
-    cols = ("shape", "q_rows", "collect", "variant", "block_n", "num_warps", "max_registers", "registers",
+    cols = ("kernel", "shape", "q_rows", "collect", "variant", "block_n", "num_warps", "max_registers", "registers",
             "stack", "programs_per_sm", "loop_instructions", "loop_BAR", "loop_STS", "loop_LDS",
             "loop_LDSM", "loop_HMMA", "loop_LDL")
     print(" ".join(f"{c[:9]:>9}" for c in cols))

@@ -434,8 +434,11 @@ def test_sass_compiles_the_engine_launches_offline(tmp_path):
         doc = json.load(f)
     assert doc["device"].startswith("none: compiled offline for sm_90")
     assert doc["command"] == "python -m vegas_core.bench " + " ".join(argv)
-    recs = {(r["collect"], r["variant"]): r for r in doc["records"]}
-    assert set(recs) == {("none", "engine"), ("none", "warp-split"), ("c2q", "engine"), ("c2q", "warp-split")}
+    recs = {(r["kernel"], r["collect"], r["variant"]): r for r in doc["records"]}
+    assert set(recs) == {("verify_attention", c, v) for c in ("none", "c2q") for v in ("engine", "warp-split")} \
+        | {("sparse_attention", "none", v) for v in ("packed", "per-kv-head")}
+    assert recs[("sparse_attention", "none", "packed")]["num_splits"] == 12   # the graphs' split at batch 64
+    recs = {(c, v): r for (k, c, v), r in recs.items() if k == "verify_attention"}
     for r in recs.values():
         assert 0 < r["registers"] <= 255 and r["programs_per_sm"] >= 1 and len(r["sass_sha256"]) == 64
         assert r["loop_instructions"] > 0 and r["loop_HMMA"] > 0
