@@ -343,7 +343,8 @@ if triton is not None:
                 start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                 keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale,
                 s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb,
-                BLOCK_SIZE, WARPS, BLOCK_N // WARPS, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, MASKED)
+                BLOCK_SIZE, WARPS, BLOCK_N // WARPS, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, MASKED,
+                page_ahead, HAVE_PAGE)
         else:
             pos, n_valid, k_tile, v_tile = _load_kv(
                 start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
@@ -376,13 +377,18 @@ if triton is not None:
     def _load_kv_warps(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                        s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                        WARPS: tl.constexpr, KW: tl.constexpr, BLOCK_D: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
+                       HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, page_ahead,
+                       HAVE_PAGE: tl.constexpr):
         """`_load_kv` for a tile of WARPS chunks of KW consecutive keys: positions and validity
-        [WARPS, KW], K and V [WARPS, KW, BLOCK_D] (chunk w is keys start + w * KW ...)."""
+        [WARPS, KW], K and V [WARPS, KW, BLOCK_D] (chunk w is keys start + w * KW ...). With
+        HAVE_PAGE the tile's block-table entries come from `page_ahead` ([WARPS * KW], key order,
+        as `_load_pages` loads them)."""
         offs_d = tl.arange(0, BLOCK_D)
         pos = start + tl.arange(0, WARPS)[:, None] * KW + tl.arange(0, KW)[None, :]
         n_valid = pos < ctx
-        if MASKED:
+        if HAVE_PAGE:
+            page = tl.reshape(page_ahead, [WARPS, KW])
+        elif MASKED:
             page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
         else:
             page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
@@ -412,7 +418,8 @@ if triton is not None:
                            ctx, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh,
                            s_gc, s_tb, BLOCK_SIZE: tl.constexpr, WARPS: tl.constexpr,
                            KW: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+                           COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                           page_ahead, HAVE_PAGE: tl.constexpr):
         """`_attend_tile` with the key tile cut into WARPS chunks, each folded into its own
         online-softmax state: q3 [WARPS, BLOCK_M, BLOCK_D] (the query tile once per chunk),
         m_i / l_i [WARPS, BLOCK_M], acc [WARPS, BLOCK_M, BLOCK_D]. Both products are batched over
@@ -424,7 +431,8 @@ if triton is not None:
         sm_90 offline: bench/NOTES.md version 57). The chunks meet once, in `_fold_warps`."""
         pos, n_valid, k3, v3 = _load_kv_warps(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt,
-            s_vh, s_vd, s_tb, BLOCK_SIZE, WARPS, KW, BLOCK_D, HEAD_DIM, MASKED)
+            s_vh, s_vd, s_tb, BLOCK_SIZE, WARPS, KW, BLOCK_D, HEAD_DIM, MASKED, page_ahead,
+            HAVE_PAGE)
         k3t = tl.permute(k3, (0, 2, 1))
         s = tl.dot(q3, k3t, input_precision=PRECISION) * scale            # [WARPS, M, KW]
         if MASKED:
@@ -845,9 +853,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         if block_n % num_warps or chunk < 16 or chunk & (chunk - 1):
             raise ValueError(f"warp_split needs block_n / num_warps a power of two >= 16 (an mma's "
                              f"depth), got {block_n} / {num_warps}")
-        if page_ahead:
-            raise ValueError("warp_split loads each tile's block-table entries itself: page_ahead "
-                             f"must be 0, got {page_ahead}")
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)

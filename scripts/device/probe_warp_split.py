@@ -12,7 +12,8 @@ Nsight Compute had the 2-D kernel latency-bound (run 48).
 Cases: batch 64 x 8K, SmolLM2's shape (9 / 3 / 64) at 1 row (a plain decode step), 8 rows, and 10
 (vegas's tuned gamma 9) without collection, with Collect-2-Query (its first/last tile, and at 10
 rows also its rows stored from the main tile: c2q-main) and with all rows stored. Each
-warp-split launch over (tile, warps, stages, register cap) choices and twice the splits; per
+warp-split launch over (tile, warps, stages, register cap, block-table entries a tile ahead)
+choices and twice the splits; per
 record the registers and spills of the compiled kernel and the largest differences from the
 engine's output, log-sum-exp and collected logits (another summation order: not the same bits).
 Whether collecting leaves the warp-split output's bits is checked at `launch_config`'s launch.
@@ -28,10 +29,11 @@ from vegas_core.bench import common
 from vegas_core.bench.common import copy_bandwidth
 from vegas_core.bench.kernels import SHAPES, _bench, paged_case
 
-# (block_n, num_warps, num_stages, max_registers or None for launch_config's, splits factor)
-CONFIGS = [(64, 4, 2, None, 1), (64, 4, 2, 0, 1), (64, 4, 2, 168, 1), (64, 4, 2, 200, 1),
-           (64, 4, 3, None, 1), (64, 4, 2, None, 2), (128, 8, 2, 0, 1), (128, 4, 2, 0, 1),
-           (32, 2, 2, 0, 1)]
+# (block_n, num_warps, num_stages, max_registers or None for launch_config's, splits factor,
+# page_ahead): the first is launch_config's launch
+CONFIGS = [(64, 4, 2, None, 1, 0), (64, 4, 2, 0, 1, 0), (64, 4, 2, 168, 1, 0), (64, 4, 2, 200, 1, 0),
+           (64, 4, 3, None, 1, 0), (64, 4, 2, None, 2, 0), (64, 4, 2, None, 1, 1), (64, 4, 3, None, 1, 1),
+           (128, 8, 2, 0, 1, 0), (128, 4, 2, 0, 1, 0), (32, 2, 2, 0, 1, 0)]
 # c2q-main: Collect-2-Query's rows stored from the main tile (c2q_tile=False), which under the
 # split compiles to about the C2Q tile's size (226 against 235 registers, offline)
 CASES = [(1, ("none",)), (8, ("none", "c2q", "all")), (10, ("none", "c2q", "c2q-main", "all"))]
@@ -80,15 +82,17 @@ def main(dev=torch.device("cuda")):
                                 registers=compiled.n_regs, spills=compiled.n_spills, **fields))
             print(f"rows {rows:2d} {collect:4s}: engine {base_us:7.1f} us {records[-1]['copy_fraction']:.0%} of copy "
                   f"regs={compiled.n_regs}")
-            for block_n, warps, stages, nreg, factor in CONFIGS:
+            for config in CONFIGS:
+                block_n, warps, stages, nreg, factor, ahead = config
                 bufs = _buffers(q, heads, ctx_len, crow, collect)
-                cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages, warp_split=True)
+                cfg = dict(block_n=block_n, num_warps=warps, num_stages=stages, warp_split=True,
+                           page_ahead=ahead)
                 if nreg is not None:
                     cfg["max_registers"] = nreg
                 n_splits = splits * factor
-                default = (block_n, warps, stages, nreg, factor) == CONFIGS[0]
+                default = config == CONFIGS[0]
                 label = dict(block_n=block_n, num_warps=warps, num_stages=stages, max_registers=nreg,
-                             num_splits=n_splits, launch_config=default)
+                             num_splits=n_splits, page_ahead=ahead, launch_config=default)
                 try:
                     compiled = launch(bufs, n_splits, **cfg)
                     torch.cuda.synchronize()
@@ -114,7 +118,7 @@ def main(dev=torch.device("cuda")):
                         rec["same_bits_as_none"] = bool(torch.equal(bufs[0], split_outputs["none"][0])
                                                         and torch.equal(bufs[1], split_outputs["none"][1]))
                 records.append(rec)
-                print(f"  ws {block_n}/{warps}/{stages}/{nreg} x{factor}: {us:7.1f} us {rec['copy_fraction']:.0%} "
+                print(f"  ws {block_n}/{warps}/{stages}/{nreg} x{factor} ahead {ahead}: {us:7.1f} us {rec['copy_fraction']:.0%} "
                       f"x{rec['speedup_vs_engine']:.2f} regs={rec['registers']} spills={rec['spills']} "
                       f"diff {rec['max_abs_diff_vs_engine']:.1e}"
                       + (f" same_bits_as_none={rec['same_bits_as_none']}" if "same_bits_as_none" in rec else ""))

@@ -262,20 +262,23 @@ def test_warp_split_rejects_chunks_an_mma_cannot_take():
     args = make_case([2], [40], 9, 3, 16)
     with pytest.raises(ValueError, match="power of two >= 16"):
         verify_attention(*args, block_n=32, num_warps=4, warp_split=True)     # 8 keys a warp
-    with pytest.raises(ValueError, match="page_ahead"):
-        verify_attention(*args, block_n=32, num_warps=2, warp_split=True, page_ahead=1)
+    with pytest.raises(ValueError, match="power of two >= 16"):
+        verify_attention(*args, block_n=48, num_warps=1, warp_split=True)     # not a power of two
 
 
-@pytest.mark.parametrize("unmasked", [False, True])
-def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked):
+@pytest.mark.parametrize("unmasked, warp_split", [(False, False), (True, False), (False, True)])
+def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked, warp_split):
     """`page_ahead` 1 or 2 only moves when a tile's block-table entries are loaded (into the
     iteration before, or two before): the same output and logits bits as loading them in front of
-    the gather, over ragged requests, splits that end mid-context, both tile kinds and collection;
-    a one-row batch as a plain decode step runs it."""
+    the gather, over ragged requests, splits that end mid-context, both tile kinds and collection,
+    and with the warp split (the entries reshaped to the warps' chunks); a one-row batch as a
+    plain decode step runs it."""
     for q_lens, ctx_lens in (([1, 2, 8, 17], [5, 40, 37, 70]), ([1, 1, 1], [30, 51, 18])):
         args = make_case(q_lens, ctx_lens, 9, 3, 16, seed=21)
         for collect in ("none", "c2q"):
             kw = dict(collect=collect, num_splits=3, block_n=16, unmasked_tiles=unmasked)
+            if warp_split:
+                kw.update(block_n=32, num_warps=2, warp_split=True)
             want = verify_attention(*args, page_ahead=0, **kw)
             for ahead in (1, 2):
                 got = verify_attention(*args, page_ahead=ahead, **kw)
