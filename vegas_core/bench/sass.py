@@ -14,7 +14,8 @@ the warp-split launches where `kernels.verify_attention.WARP_SPLIT` changes the 
 64, tiles of up to 32 rows). Records: `kernel`, `shape`,
 `q_rows`, `collect`, `variant`, `block_n`, `num_warps`, `max_registers`, `registers`, `stack`,
 `shared`, `mma`, `programs_per_sm`, `tile_keys`, `loop_instructions` and the loop's opcode
-counts (`loop_BAR`, `loop_STS`, ...), and `sass_sha256` (the instruction text: equal hashes are
+counts (`loop_BAR`, `loop_STS`, ...), per key `warp_instructions_per_key` (all warps) and
+`barriers_per_128_keys`, and `sass_sha256` (the instruction text: equal hashes are
 the same kernel whatever the source lines).
 """
 from __future__ import annotations
@@ -137,6 +138,9 @@ def _stats_record(launch, compiled, **fields) -> dict:
     if loop is not None:
         rec["loop_instructions"] = loop.instructions
         rec.update({f"loop_{op}": n for op, n in loop.ops.items()})
+        # per key, so tiles of different sizes compare: instructions all warps issue, barriers
+        rec["warp_instructions_per_key"] = loop.instructions * warps / kw["BLOCK_N"]
+        rec["barriers_per_128_keys"] = loop.ops["BAR"] * 128 / kw["BLOCK_N"]
     return rec
 
 
@@ -206,8 +210,12 @@ def run(args, argv: list[str]) -> str:
 
 def _print(records) -> None:
     cols = ("kernel", "shape", "q_rows", "collect", "variant", "block_n", "num_warps", "max_registers", "registers",
-            "stack", "programs_per_sm", "loop_instructions", "loop_BAR", "loop_STS", "loop_LDS",
-            "loop_LDSM", "loop_HMMA", "loop_LDL")
+            "stack", "programs_per_sm", "loop_instructions", "warp_instructions_per_key",
+            "barriers_per_128_keys", "loop_STS", "loop_LDS", "loop_LDSM", "loop_HMMA", "loop_LDL")
     print(" ".join(f"{c[:9]:>9}" for c in cols))
     for r in records:
-        print(" ".join(f"{str(r.get(c, '-'))[:9]:>9}" for c in cols))
+        print(" ".join(f"{_cell(r.get(c, '-')):>9}" for c in cols))
+
+
+def _cell(v) -> str:
+    return f"{v:.1f}" if isinstance(v, float) else str(v)[:9]

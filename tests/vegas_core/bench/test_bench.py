@@ -444,6 +444,10 @@ def test_sass_compiles_the_engine_launches_offline(tmp_path):
         assert r["loop_instructions"] > 0 and r["loop_HMMA"] > 0
     assert recs[("none", "engine")]["block_n"] == 128 and recs[("none", "warp-split")]["block_n"] == 64
     assert recs[("none", "engine")]["sass_sha256"] != recs[("none", "warp-split")]["sass_sha256"]
+    for r in recs.values():   # per key, whatever the tile: the split syncs its warps less often
+        assert r["warp_instructions_per_key"] > 0 and r["barriers_per_128_keys"] >= 0
+    for c in ("none", "c2q"):
+        assert recs[(c, "warp-split")]["barriers_per_128_keys"] < recs[(c, "engine")]["barriers_per_128_keys"]
     # interpreted kernels cannot be compiled: a clear error, not a traceback
     bad = subprocess.run([sys.executable, "-m", "vegas_core.bench", *argv], cwd=root,
                          env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True)
