@@ -77,17 +77,12 @@ def engine_launch(shape: str, rows: int, collect: str, batch: int = 64, context:
     splits = va.default_num_splits(batch, kvh, context, num_sms=132)
     kept_switch = va.WARP_SPLIT
     va.WARP_SPLIT = warp_split
-    try:
-        with record(va, "_verify_attention_kernel") as (kernel, launches):
-            try:
-                va.verify_attention_into(q, k, v, tables, ctx, loc, dim ** -0.5, out, lse, max_q=rows,
-                                         num_splits=splits, logits=logits, row_slot=slots,
-                                         c2q_tile=collect == "c2q", logits_len=context, **launch)
-            except RuntimeError:
-                # The split-merge kernel after the attention launch needs a driver; the attention
-                # launch was recorded before it.
-                if not launches:
-                    raise
+    try:   # the split merge after it is recorded too (not launched: there is no driver)
+        with record(va, "_verify_attention_kernel") as (kernel, launches), \
+                record(va, "_merge_splits_kernel"):
+            va.verify_attention_into(q, k, v, tables, ctx, loc, dim ** -0.5, out, lse, max_q=rows,
+                                     num_splits=splits, logits=logits, row_slot=slots,
+                                     c2q_tile=collect == "c2q", logits_len=context, **launch)
     finally:
         va.WARP_SPLIT = kept_switch
     return kernel, launches[0], compile_launch(kernel, launches[0])
@@ -111,13 +106,10 @@ def sparse_launch(shape: str, packed: bool, batch: int = 64, context: int = 8192
     counts = torch.zeros(batch, dtype=torch.int32)
     tail = torch.full((batch,), context, dtype=torch.int32)
     splits = sa.split_count(batch, 1 if packed else kvh, context, 32, dim, 132)
-    with record(sa, "_sparse_attention_kernel") as (kernel, launches):
-        try:
-            sa.sparse_attention(q, k, v, tables, ctx, idx, counts, tail, dim ** -0.5,
-                                num_splits=splits, packed=packed)
-        except RuntimeError:
-            if not launches:     # the merge kernel after it needs a driver
-                raise
+    with record(sa, "_sparse_attention_kernel") as (kernel, launches), \
+            record(sa, "_merge_splits_kernel"):
+        sa.sparse_attention(q, k, v, tables, ctx, idx, counts, tail, dim ** -0.5,
+                            num_splits=splits, packed=packed)
     return kernel, launches[0], compile_launch(kernel, launches[0])
 
 
