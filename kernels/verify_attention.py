@@ -152,8 +152,9 @@ def _warp_split_launch(collect_mode: int, block_m: int) -> LaunchConfig:
     warp's products have the 16-deep reduction an mma needs and its state is a [rows, 64] block.
     Registers from the offline sm_90 compile (`bench sass --warp-split`, bench/NOTES.md version
     57): without collection 168 with no spill at 8-10 rows under the 2-D kernel's cap (3 programs
-    an SM), 96 uncapped at one row (5 programs, so no cap there); C2Q spills in its loop under 168
-    and takes 235 uncapped (2 programs), the main-tile store 226. Tiles of 64 rows (12-16 rows at
+    an SM), 96 uncapped at one row (5 programs, so no cap there); C2Q (its rows taken from the
+    score tile) spills in its loop under 168 and takes 237 uncapped (2 programs), the main-tile
+    store 226. Tiles of 64 rows (12-16 rows at
     GQA 3) spill in every path and stay with the 2-D kernel, which runs Hopper's wgmma there. Not
     yet measured on the GPU (`scripts/device/probe_warp_split.py` sweeps these choices)."""
     cap = 168 if collect_mode == 0 and block_m > 16 else 0
@@ -428,13 +429,18 @@ if triton is not None:
         2-D tile's rows are too few for that (a chained dot with fewer rows than keys puts its
         warps along the keys): there every tile reduces its max and sum across warps and passes
         P through shared memory (10 barriers a tile in the SASS against 2 here, compiled for
-        sm_90 offline: bench/NOTES.md version 57). The chunks meet once, in `_fold_warps`."""
+        sm_90 offline: bench/NOTES.md version 57). The chunks meet once, in `_fold_warps`.
+        Collect-2-Query takes its rows from this score tile, whose rows come first row, last row,
+        then the rest (no second product; the small first/last tile only when the tile is
+        narrower than BLOCK_C rows)."""
         pos, n_valid, k3, v3 = _load_kv_warps(
             start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt,
             s_vh, s_vd, s_tb, BLOCK_SIZE, WARPS, KW, BLOCK_D, HEAD_DIM, MASKED, page_ahead,
             HAVE_PAGE)
         k3t = tl.permute(k3, (0, 2, 1))
         s = tl.dot(q3, k3t, input_precision=PRECISION) * scale            # [WARPS, M, KW]
+        BLOCK_M: tl.constexpr = q3.shape[1]
+        BLOCK_C: tl.constexpr = qc3.shape[1]
         if MASKED:
             visible = ((pos[:, None, :] <= row_pos[None, :, None]) & n_valid[:, None, :]
                        & m_valid[None, :, None])
@@ -443,10 +449,19 @@ if triton is not None:
             _store_logits_warps(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
                                 s_gr, s_gh, s_gc)
         if COLLECT == 2:
-            s_c = tl.dot(qc3, k3t, input_precision=PRECISION) * scale
-            if MASKED:
-                s_c = tl.where((pos[:, None, :] <= row_pos_c[None, :, None]) & n_valid[:, None, :],
-                               s_c, float("-inf"))
+            if BLOCK_M >= BLOCK_C:
+                # The tile's rows come first row, last row, then the rest (`_tile_rows`): C2Q's
+                # rows are its first BLOCK_C, taken out by a max over BLOCK_C-row blocks with all
+                # but the first at -inf (exact); a warp holds all of its chunk's rows, so this
+                # stays in registers, with no second product.
+                blocks = tl.reshape(s, [WARPS, BLOCK_M // BLOCK_C, BLOCK_C, KW])
+                first = (tl.arange(0, BLOCK_M // BLOCK_C) == 0)[None, :, None, None]
+                s_c = tl.max(tl.where(first, blocks, float("-inf")), axis=1)
+            else:
+                s_c = tl.dot(qc3, k3t, input_precision=PRECISION) * scale
+                if MASKED:
+                    s_c = tl.where((pos[:, None, :] <= row_pos_c[None, :, None])
+                                   & n_valid[:, None, :], s_c, float("-inf"))
             _store_logits_warps(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid,
                                 s_gr, s_gh, s_gc)
         m_new = tl.maximum(m_i, tl.max(s, axis=2))
@@ -507,12 +522,16 @@ if triton is not None:
 
     @triton.jit
     def _tile_rows(kvh, q_len, ctx, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, FIRST_LAST: tl.constexpr = False):
         """The score tile's rows (row m: query row m // GROUP, head kvh * GROUP + m % GROUP), the
-        head-dim offsets, their validity, and the last key each row sees."""
+        head-dim offsets, their validity, and the last key each row sees. FIRST_LAST orders the
+        row blocks first row, last row, then rows 1 .. q_len - 2, so that Collect-2-Query's rows
+        are the tile's first 2 * GROUP (`_attend_tile_warps` takes them from there)."""
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         row = offs_m // GROUP
+        if FIRST_LAST:
+            row = tl.where(row == 0, 0, tl.where(row == 1, q_len - 1, row - 1))
         head = kvh * GROUP + offs_m % GROUP
         m_valid = offs_m < q_len * GROUP
         d_valid = offs_d < HEAD_DIM
@@ -553,7 +572,7 @@ if triton is not None:
         req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
                                                                      BLOCK_N, SPLIT)
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
-            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
+            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, WARP_SPLIT and BLOCK_M >= BLOCK_C)
 
         q_tile = tl.load(q_ptr + (q_start + row)[:, None] * s_qt + head[:, None] * s_qh
                          + offs_d[None, :] * s_qd,

@@ -238,13 +238,16 @@ def test_warp_split_launches_collect_without_changing_the_output(q_rows, monkeyp
 
 
 @pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim", CASES)
+@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim",
+                         CASES + [([1, 1], [40, 33], 9, 1, 16)])
 def test_warp_split_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads,
                                                                head_dim, fused):
     """`warp_split`: each warp folds its own 16 keys of every 32-key tile into its own softmax
-    state, merged once at the end. The reference's answers at GQA 1, 3 and 8, 1-17 rows, contexts
-    ending inside a warp's chunk, split ranges with no keys, either merge; collecting (C2Q through
-    either tile, all rows) gives the no-collection bits."""
+    state, merged once at the end, with the tile's rows ordered first row, last row, then the
+    rest so that C2Q takes its rows from the score tile. The reference's answers at GQA 1, 3, 8
+    and 9 (one row at GQA 9 is a 16-row tile, narrower than C2Q's 32: the small first/last tile
+    then), 1-17 rows, contexts ending inside a warp's chunk, split ranges with no keys, either
+    merge; collecting (C2Q through either tile, all rows) gives the no-collection bits."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, seed=29)
     kw = dict(num_splits=3, block_n=32, num_warps=2, warp_split=True, fused_merge=fused)
     base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
