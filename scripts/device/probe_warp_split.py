@@ -124,11 +124,34 @@ def main(dev=torch.device("cuda")):
                       f"x{rec['speedup_vs_engine']:.2f} regs={rec['registers']} spills={rec['spills']} "
                       f"diff {rec['max_abs_diff_vs_engine']:.1e}"
                       + (f" same_bits_as_none={rec['same_bits_as_none']}" if "same_bits_as_none" in rec else ""))
+    summary(records)
     records += sparse_warps(dev, copy)
     path = common.write_results("kernels-warp-split", os.environ["OUT"] + "/results", dev, [], records,
                                 command="python scripts/device/probe_warp_split.py", triton=triton.__version__,
                                 copy_TBps=copy)
     print("wrote", path)
+
+
+def summary(records):
+    """Per case the engine, launch_config's split launch and the fastest split launch: what to
+    put in `_warp_split_launch` (one key tile and chunking for every path of a tile size)."""
+    print("\nsummary (us; x = engine / split):")
+    cases = sorted({(r["q_rows"], r["collect"]) for r in records})
+    for rows, collect in cases:
+        group = [r for r in records if (r["q_rows"], r["collect"]) == (rows, collect) and "us" in r]
+        engine = next(r for r in group if r["variant"] == "engine")
+        split = [r for r in group if r["variant"] == "warp_split"]
+        if not split:
+            continue
+        default = next((r for r in split if r["launch_config"]), None)
+        best = min(split, key=lambda r: r["us"])
+        line = f"  rows {rows:2d} {collect:8s} engine {engine['us']:7.1f}"
+        if default is not None:
+            line += f" | launch_config {default['us']:7.1f} x{engine['us'] / default['us']:.2f}"
+        line += (f" | best {best['us']:7.1f} x{engine['us'] / best['us']:.2f} ({best['block_n']}/"
+                 f"{best['num_warps']}/{best['num_stages']}/{best['max_registers']}, "
+                 f"{best['num_splits']} splits, ahead {best['page_ahead']})")
+        print(line)
 
 
 def sparse_warps(dev, copy):
