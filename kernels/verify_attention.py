@@ -250,6 +250,22 @@ def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
 if triton is not None:
 
     @triton.jit
+    def _kv_offsets(pos, n_valid, tables_ptr, req, kvh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_tb,
+                    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, page_ahead,
+                    HAVE_PAGE: tl.constexpr):
+        """Element offsets of KV head `kvh`'s K and V rows for the keys at `pos` (any shape) of
+        request `req`, through its block table (or the entries in `page_ahead`, with HAVE_PAGE)."""
+        if HAVE_PAGE:
+            page = page_ahead
+        elif MASKED:
+            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
+        else:
+            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
+        base_k = page.to(tl.int64) * s_kb + (pos % BLOCK_SIZE) * s_kt + kvh * s_kh
+        base_v = page.to(tl.int64) * s_vb + (pos % BLOCK_SIZE) * s_vt + kvh * s_vh
+        return base_k, base_v
+
+    @triton.jit
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                  s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -262,6 +278,8 @@ if triton is not None:
         offs_d = tl.arange(0, BLOCK_D)
         pos = start + offs_n
         n_valid = pos < ctx
+        # Written out, not `_kv_offsets`: through the helper two of the engine's launches (head
+        # dim 128, rows stored from the main tile) compiled to other SASS (bench sass hashes).
         if HAVE_PAGE:
             page = page_ahead
         elif MASKED:
@@ -388,13 +406,9 @@ if triton is not None:
         pos = start + tl.arange(0, WARPS)[:, None] * KW + tl.arange(0, KW)[None, :]
         n_valid = pos < ctx
         if HAVE_PAGE:
-            page = tl.reshape(page_ahead, [WARPS, KW])
-        elif MASKED:
-            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
-        else:
-            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
-        base_k = page.to(tl.int64) * s_kb + (pos % BLOCK_SIZE) * s_kt + kvh * s_kh
-        base_v = page.to(tl.int64) * s_vb + (pos % BLOCK_SIZE) * s_vt + kvh * s_vh
+            page_ahead = tl.reshape(page_ahead, [WARPS, KW])
+        base_k, base_v = _kv_offsets(pos, n_valid, tables_ptr, req, kvh, s_kb, s_kt, s_kh, s_vb,
+                                     s_vt, s_vh, s_tb, BLOCK_SIZE, MASKED, page_ahead, HAVE_PAGE)
         k_ptrs = k_ptr + base_k[:, :, None] + offs_d[None, None, :] * s_kd
         v_ptrs = v_ptr + base_v[:, :, None] + offs_d[None, None, :] * s_vd
         if MASKED or BLOCK_D != HEAD_DIM:

@@ -63,7 +63,12 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
     """Single pass and split-K both match the reference. With 16-key tiles each request's context
     is cut into 3 ranges of whole tiles (70 keys: 32 + 32 + 6; 5 keys: 16 + two empty ones)."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim)
-    kw = dict(num_splits=num_splits, block_n=16)
+    _matches_reference_and_collect_keeps_output(args, num_splits=num_splits, block_n=16)
+
+
+def _matches_reference_and_collect_keeps_output(args, **kw):
+    """Every collection mode (C2Q through either tile): the reference's output, log-sum-exp and
+    logits, and the no-collection call's output and log-sum-exp bit for bit."""
     base_out, base_lse, none = verify_attention(*args, collect="none", **kw)
     assert none is None
     for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
@@ -249,16 +254,8 @@ def test_warp_split_matches_reference_and_collect_keeps_output(q_lens, ctx_lens,
     then), 1-17 rows, contexts ending inside a warp's chunk, split ranges with no keys, either
     merge; collecting (C2Q through either tile, all rows) gives the no-collection bits."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, seed=29)
-    kw = dict(num_splits=3, block_n=32, num_warps=2, warp_split=True, fused_merge=fused)
-    base_out, base_lse, _ = verify_attention(*args, collect="none", **kw)
-    for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
-        ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
-        out, lse, logits = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, **kw)
-        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
-        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse)
-        if collect != "none":
-            check_logits(logits, ref_logits)
+    _matches_reference_and_collect_keeps_output(args, num_splits=3, block_n=32, num_warps=2,
+                                                warp_split=True, fused_merge=fused)
 
 
 def test_warp_split_rejects_chunks_an_mma_cannot_take():
