@@ -92,7 +92,8 @@
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
-# options to the e2e stage (e.g. --tuned bench/results/tune-....json).
+# options to the e2e stages (e.g. --tuned bench/results/tune-....json, --warp-split), KERNELS_ARGS
+# to the kernels stage (e.g. --warp-split).
 set -uo pipefail
 [ -f /root/vegas-env ] && . /root/vegas-env   # the model (stage.sh's call 2); stages without it run too
 : "${VEGAS_DEVICE_MODEL:=}"
@@ -162,7 +163,7 @@ for stage in "$@"; do
     eager) mkdir -p "$OUT/results/eager"; TAIL=16 step eager 200 "${E2E[@]}" --methods vanilla vegas \
              --sampling greedy --gen-tokens 96 --eager --out "$OUT/results/eager" ;;
     kernels) TAIL=40 step kernels 300 python3 -m vegas_core.bench kernels --batch 64 --context 8192 \
-               --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ;;
+               --sweep-rows 2 4 8 12 16 --no-tune --out "$OUT/results" ${KERNELS_ARGS:-} ;;
     sparse) mkdir -p "$OUT/results/sparse"; TAIL=24 step sparse 400 python3 -m vegas_core.bench kernels \
               --shapes ${SHAPES:-smollm2 8b} --batch 64 --context 8192 --sweep-rows 8 --no-tune --sparse-tune \
               --out "$OUT/results/sparse" ;;
@@ -235,7 +236,7 @@ for stage in "$@"; do
              tuned="$OUT/results/tune8k-merged.json"
            fi
            mkdir -p "$OUT/results/e2e8k"; TAIL=24 step e2e8k 470 "${E2E[@]}" --prompt-tokens 7168 7680 --tuned "$tuned" \
-             --out "$OUT/results/e2e8k" ;;
+             --out "$OUT/results/e2e8k" ${E2E_ARGS:-} ;;
     e2ebound) mkdir -p "$OUT/results/bound"; TAIL=10 step e2ebound 150 "${E2E[@]}" --methods vanilla stream vegas \
              --sampling greedy --out "$OUT/results/bound" ${E2E_ARGS:-} ;;
     dprobe) TAIL=40 step dprobe 240 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_decode_packed.py ;;
