@@ -93,7 +93,7 @@
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
 # options to the e2e stages (e.g. --tuned bench/results/tune-....json, --warp-split), KERNELS_ARGS
-# to the kernels stage (e.g. --warp-split).
+# to the kernels stage and TUNE_ARGS to tune8k (e.g. --warp-split).
 set -uo pipefail
 [ -f /root/vegas-env ] && . /root/vegas-env   # the model (stage.sh's call 2); stages without it run too
 : "${VEGAS_DEVICE_MODEL:=}"
@@ -228,7 +228,7 @@ for stage in "$@"; do
     tune8k) mkdir -p "$OUT/results/tune8k"; TAIL=16 step tune8k 520 python3 -m vegas_core.bench tune \
              --model "$VEGAS_DEVICE_MODEL" --workload long-input --batch 64 --gen-tokens 256 --prompt-tokens 7168 7680 \
              --sparsities 0.02 0.04 0.07 0.1 0.15 --gammas 3 4 6 8 10 12 --large-gamma 12 \
-             --methods ${TUNE8K_METHODS:-stream vegas} --out "$OUT/results/tune8k"
+             --methods ${TUNE8K_METHODS:-stream vegas} --out "$OUT/results/tune8k" ${TUNE_ARGS:-}
             cp "$OUT"/results/tune8k/tune-*.json /root/tune8k.json ;;
     e2e8k) tuned=${E2E8K_TUNED:-bench/results/tune-2026-12-05-h200-run52-8k-merged.json}
            if [ -f /root/tune8k.json ]; then

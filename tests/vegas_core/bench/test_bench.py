@@ -206,6 +206,7 @@ def test_tune_follows_the_three_steps_and_e2e_uses_its_choice(tmp_path, tiny_mod
     doc = _load(tmp_path, "tune")
     _check_header(doc, argv)
     assert doc["complete"] and set(doc["tuned"]) == {"vegas/layer"}
+    assert doc["warp_split"] is False      # the reference path on the CPU: no kernel choice
     steps = [r["step"] for r in doc["records"]]
     assert steps[:4] == [1, 1, 2, 2] and set(steps[4:]) == {3}
     assert [r["gamma"] for r in doc["records"][:2]] == [6, 6]
