@@ -16,6 +16,7 @@ captures and `compile_launch` compiles.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import subprocess
@@ -60,6 +61,7 @@ class SassStats:
     mma: list[str]           # the MMA layouts of the TTGIR (version, warpsPerCTA, instrShape)
     instructions: int
     ops: dict[str, int]
+    sass_sha256: str         # of the instruction text: equal for the same kernel whatever the source lines
     loops: list[LoopStats] = field(default_factory=list)
 
     @property
@@ -144,5 +146,7 @@ def sass_stats(compiled) -> SassStats:
             body = Counter(_opcode(t) for a, t in ins if start <= a <= addr)
             loops.append(LoopStats(start, addr, sum(body.values()), {o: body[o] for o in COUNTED}))
     mma = sorted(set(re.findall(r"nvidia_mma<\{([^}]*)\}>", compiled.asm["ttgir"])))
+    text = "\n".join(t for _, t in ins)
     return SassStats(registers=int(m[1]), stack=int(m[2]), shared=compiled.metadata.shared, mma=mma,
-                     instructions=len(ins), ops={o: ops[o] for o in COUNTED}, loops=loops)
+                     instructions=len(ins), ops={o: ops[o] for o in COUNTED},
+                     sass_sha256=hashlib.sha256(text.encode()).hexdigest(), loops=loops)

@@ -129,7 +129,7 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
       (495.3 -> 498.7 at one row) did not gain, so only that launch takes it. It changes when
       loads are issued, not the arithmetic: the same bits (checked at every shape)."""
     small = head_dim <= 64
-    if small and WARP_SPLIT and block_m <= 32:
+    if WARP_SPLIT and warp_split_applies(head_dim, block_m):
         return _warp_split_launch(collect_mode, block_m)
     unmasked = not small          # one choice per head dim for every path (see above)
     block_n = 128 if small else 64    # likewise
@@ -144,6 +144,12 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
                             max_registers=(168 if small else 128) if capped else 0,
                             unmasked_tiles=unmasked)
     return LaunchConfig(block_n, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
+
+
+def warp_split_applies(head_dim: int, block_m: int) -> bool:
+    """Where `WARP_SPLIT` changes `launch_config`'s launch: head dim <= 64 and score tiles of up to
+    32 rows (64-row tiles spill under the split; `_warp_split_launch`)."""
+    return head_dim <= 64 and block_m <= 32
 
 
 def _warp_split_launch(collect_mode: int, block_m: int) -> LaunchConfig:

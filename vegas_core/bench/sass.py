@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import json
 import os
 import platform
@@ -54,19 +53,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
+def _stand_ins(shape: str, q_rows: int, batch: int, context: int, block: int = 16):
+    """CPU tensors standing in for a launch's queries, a 4-page pool, block tables and contexts:
+    only their dtypes, strides and alignment reach the compiler."""
+    heads, kvh, dim = SHAPES[shape]
+    q = torch.zeros(q_rows, heads, dim, dtype=torch.bfloat16)
+    k = torch.zeros(4, block, kvh, dim, dtype=torch.bfloat16)
+    tables = torch.zeros(batch, context // block, dtype=torch.int32)
+    ctx = torch.full((batch,), context, dtype=torch.int32)
+    return q, k, torch.zeros_like(k), tables, ctx
+
+
 def engine_launch(shape: str, rows: int, collect: str, batch: int = 64, context: int = 8192,
                   warp_split: bool = False, **launch):
-    """The compiled verify_attention kernel of the call the engine makes at this shape (CPU
-    tensors stand in for the pool: only their dtypes, strides and alignment reach the compiler)."""
+    """The compiled verify_attention kernel of the call the engine makes at this shape."""
     import kernels.verify_attention as va
     from kernels.offline import compile_launch, record
     heads, kvh, dim = SHAPES[shape]
-    total, block = batch * rows, 16
-    q = torch.zeros(total, heads, dim, dtype=torch.bfloat16)
-    k = torch.zeros(4, block, kvh, dim, dtype=torch.bfloat16)
-    v = torch.zeros_like(k)
-    tables = torch.zeros(batch, context // block, dtype=torch.int32)
-    ctx = torch.full((batch,), context, dtype=torch.int32)
+    total = batch * rows
+    q, k, v, tables, ctx = _stand_ins(shape, total, batch, context)
     loc = torch.arange(0, total + 1, rows, dtype=torch.int32)
     out, lse = torch.empty_like(q), torch.empty(total, heads)
     logits = slots = None
@@ -95,12 +100,7 @@ def sparse_launch(shape: str, packed: bool, batch: int = 64, context: int = 8192
     import kernels.sparse_attention as sa
     from kernels.offline import compile_launch, record
     heads, kvh, dim = SHAPES[shape]
-    block = 16
-    q = torch.zeros(batch, heads, dim, dtype=torch.bfloat16)
-    k = torch.zeros(4, block, kvh, dim, dtype=torch.bfloat16)
-    v = torch.zeros_like(k)
-    tables = torch.zeros(batch, context // block, dtype=torch.int32)
-    ctx = torch.full((batch,), context, dtype=torch.int32)
+    q, k, v, tables, ctx = _stand_ins(shape, batch, batch, context)
     groups = 1 if packed else kvh
     idx = torch.zeros(batch, groups, context, dtype=torch.int32)
     counts = torch.zeros(batch, dtype=torch.int32)
@@ -114,18 +114,17 @@ def sparse_launch(shape: str, packed: bool, batch: int = 64, context: int = 8192
 
 
 def _stats_record(launch, compiled, **fields) -> dict:
-    from kernels.offline import sass_instructions, sass_stats
+    from kernels.offline import sass_stats
     st = sass_stats(compiled)
     kw = launch.kwargs
     warps = kw["num_warps"]
     regs_per_program = st.registers * 32 * warps
     programs = min(SM_REGISTERS // regs_per_program, SM_SHARED // max(st.shared, 1), SM_WARPS // warps)
-    text = "\n".join(t for _, t in sass_instructions(compiled))
     rec = dict(**fields, block_n=kw["BLOCK_N"], block_m=kw["BLOCK_M"], num_warps=warps,
                num_stages=kw["num_stages"], max_registers=kw.get("maxnreg", 0),
                registers=st.registers, stack=st.stack, shared=st.shared, mma=st.mma,
                programs_per_sm=programs, tile_keys=kw["BLOCK_N"],
-               sass_sha256=hashlib.sha256(text.encode()).hexdigest())
+               sass_sha256=st.sass_sha256)
     loop = st.main_loop
     if loop is not None:
         rec["loop_instructions"] = loop.instructions
@@ -161,11 +160,11 @@ def run(args, argv: list[str]) -> str:
         import kernels.offline  # noqa: F401 - Triton with its ptxas
     except ImportError as e:
         raise VegasError(f"bench sass needs Triton (pip install triton==3.6.0): {e}") from e
-    from kernels.verify_attention import tile_rows
+    from kernels.verify_attention import tile_rows, warp_split_applies
 
-    def splits_there(shape, rows):   # where WARP_SPLIT changes the launch (launch_config)
+    def splits_there(shape, rows):   # where WARP_SPLIT changes the launch
         heads, kvh, dim = SHAPES[shape]
-        return args.warp_split and dim <= 64 and tile_rows(rows, heads // kvh) <= 32
+        return args.warp_split and warp_split_applies(dim, tile_rows(rows, heads // kvh))
 
     cases = [(s, r, c, ws) for s in args.shapes for r in args.rows for c in args.collects
              for ws in ((False, True) if splits_there(s, r) else (False,))]
