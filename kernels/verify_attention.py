@@ -55,10 +55,6 @@ USE_PDL = False
 # over 3 stages (`launch_config`); False: the launch every other call takes (an A/B switch, `bench
 # e2e --no-page-ahead`).
 ONE_ROW_PAGE_AHEAD = True
-# Every launch at head dim <= 64 cuts each key tile into one chunk per warp, each with its own
-# online-softmax state (`_attend_tile_warps`): no cross-warp step inside the key loop. Off until
-# measured on the GPU (`scripts/device/probe_warp_split.py`; `bench e2e --warp-split` for the A/B).
-WARP_SPLIT = False
 
 
 class LaunchConfig(NamedTuple):
@@ -69,7 +65,6 @@ class LaunchConfig(NamedTuple):
     max_registers: int   # per thread (Triton's maxnreg); 0: the compiler's choice
     unmasked_tiles: bool  # tiles every row sees whole skip the masks (_attend_tile)
     page_ahead: int = 0  # tiles ahead whose block-table entries a program loads (0, 1 or 2)
-    warp_split: bool = False  # each warp folds its own block_n / num_warps keys of a tile
 
 
 def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
@@ -129,8 +124,6 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
       (495.3 -> 498.7 at one row) did not gain, so only that launch takes it. It changes when
       loads are issued, not the arithmetic: the same bits (checked at every shape)."""
     small = head_dim <= 64
-    if WARP_SPLIT and warp_split_applies(head_dim, block_m):
-        return _warp_split_launch(collect_mode, block_m)
     unmasked = not small          # one choice per head dim for every path (see above)
     block_n = 128 if small else 64    # likewise
     if collect_mode == 0:
@@ -144,28 +137,6 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
                             max_registers=(168 if small else 128) if capped else 0,
                             unmasked_tiles=unmasked)
     return LaunchConfig(block_n, 4, 2, fused_merge=False, max_registers=0, unmasked_tiles=unmasked)
-
-
-def warp_split_applies(head_dim: int, block_m: int) -> bool:
-    """Where `WARP_SPLIT` changes `launch_config`'s launch: head dim <= 64 and score tiles of up to
-    32 rows (64-row tiles spill under the split; `_warp_split_launch`)."""
-    return head_dim <= 64 and block_m <= 32
-
-
-def _warp_split_launch(collect_mode: int, block_m: int) -> LaunchConfig:
-    """`WARP_SPLIT`'s launch at head dim <= 64 for tiles of up to 32 rows, one key tile for every
-    path (collecting must not change the output): 4 warps of 16 keys each (64-key tiles), so a
-    warp's products have the 16-deep reduction an mma needs and its state is a [rows, 64] block.
-    Registers from the offline sm_90 compile (`bench sass --warp-split`, bench/NOTES.md version
-    57): without collection 168 with no spill at 8-10 rows under the 2-D kernel's cap (3 programs
-    an SM), 96 uncapped at one row (5 programs, so no cap there); C2Q (its rows taken from the
-    score tile) spills in its loop under 168 and takes 237 uncapped (2 programs), the main-tile
-    store 226. Tiles of 64 rows (12-16 rows at
-    GQA 3) spill in every path and stay with the 2-D kernel, which runs Hopper's wgmma there. Not
-    yet measured on the GPU (`scripts/device/probe_warp_split.py` sweeps these choices)."""
-    cap = 168 if collect_mode == 0 and block_m > 16 else 0
-    return LaunchConfig(64, 4, 2, fused_merge=collect_mode != 1, max_registers=cap,
-                        unmasked_tiles=False, warp_split=True)
 
 
 def tile_rows(q_rows: int, group: int) -> int:
@@ -256,22 +227,6 @@ def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
 if triton is not None:
 
     @triton.jit
-    def _kv_offsets(pos, n_valid, tables_ptr, req, kvh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_tb,
-                    BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr, page_ahead,
-                    HAVE_PAGE: tl.constexpr):
-        """Element offsets of KV head `kvh`'s K and V rows for the keys at `pos` (any shape) of
-        request `req`, through its block table (or the entries in `page_ahead`, with HAVE_PAGE)."""
-        if HAVE_PAGE:
-            page = page_ahead
-        elif MASKED:
-            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE, mask=n_valid, other=0)
-        else:
-            page = tl.load(tables_ptr + req * s_tb + pos // BLOCK_SIZE)
-        base_k = page.to(tl.int64) * s_kb + (pos % BLOCK_SIZE) * s_kt + kvh * s_kh
-        base_v = page.to(tl.int64) * s_vb + (pos % BLOCK_SIZE) * s_vt + kvh * s_vh
-        return base_k, base_v
-
-    @triton.jit
     def _load_kv(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
                  s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -284,8 +239,6 @@ if triton is not None:
         offs_d = tl.arange(0, BLOCK_D)
         pos = start + offs_n
         n_valid = pos < ctx
-        # Written out, not `_kv_offsets`: through the helper two of the engine's launches (head
-        # dim 128, rows stored from the main tile) compiled to other SASS (bench sass hashes).
         if HAVE_PAGE:
             page = page_ahead
         elif MASKED:
@@ -346,11 +299,9 @@ if triton is not None:
                      s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                      COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                     page_ahead, HAVE_PAGE: tl.constexpr, WARP_SPLIT: tl.constexpr = False,
-                     WARPS: tl.constexpr = 1):
+                     page_ahead, HAVE_PAGE: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
-        and fold into the online-softmax state (m_i, l_i, acc). With WARP_SPLIT the tile is
-        `_attend_tile_warps`'s (the state has a leading WARPS axis).
+        and fold into the online-softmax state (m_i, l_i, acc).
 
         COLLECT 1 stores the main tile's scores for the rows with a slot (any row set); COLLECT 2
         scores the first and last rows' heads again in a small tile of their own (q_c) and stores
@@ -363,141 +314,32 @@ if triton is not None:
         they are never stored. Compiled, the unmasked arithmetic may round a score differently in
         the last bit, so a collecting and a non-collecting call must choose alike
         (`launch_config` does) for collecting to leave the output unchanged."""
-        if WARP_SPLIT:
-            m_i, l_i, acc = _attend_tile_warps(
-                start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
-                keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale,
-                s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb,
-                BLOCK_SIZE, WARPS, BLOCK_N // WARPS, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, MASKED,
-                page_ahead, HAVE_PAGE)
-        else:
-            pos, n_valid, k_tile, v_tile = _load_kv(
-                start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-                s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
-                page_ahead, HAVE_PAGE)
-            s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
-            if MASKED:
-                visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
-                s = tl.where(visible, s, float("-inf"))
-            if COLLECT == 1:
-                _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
-                              s_gr, s_gh, s_gc)
-            if COLLECT == 2:
-                s_c = tl.dot(q_c, tl.trans(k_tile), input_precision=PRECISION) * scale
-                if MASKED:
-                    s_c = tl.where((pos[None, :] <= row_pos_c[:, None]) & n_valid[None, :], s_c,
-                                   float("-inf"))
-                _store_logits(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid, s_gr, s_gh, s_gc)
-
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile,
-                                                input_precision=PRECISION)
-            m_i = m_new
-        return m_i, l_i, acc
-
-    @triton.jit
-    def _load_kv_warps(start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
-                       s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE: tl.constexpr,
-                       WARPS: tl.constexpr, KW: tl.constexpr, BLOCK_D: tl.constexpr,
-                       HEAD_DIM: tl.constexpr, MASKED: tl.constexpr, page_ahead,
-                       HAVE_PAGE: tl.constexpr):
-        """`_load_kv` for a tile of WARPS chunks of KW consecutive keys: positions and validity
-        [WARPS, KW], K and V [WARPS, KW, BLOCK_D] (chunk w is keys start + w * KW ...). With
-        HAVE_PAGE the tile's block-table entries come from `page_ahead` ([WARPS * KW], key order,
-        as `_load_pages` loads them)."""
-        offs_d = tl.arange(0, BLOCK_D)
-        pos = start + tl.arange(0, WARPS)[:, None] * KW + tl.arange(0, KW)[None, :]
-        n_valid = pos < ctx
-        if HAVE_PAGE:
-            page_ahead = tl.reshape(page_ahead, [WARPS, KW])
-        base_k, base_v = _kv_offsets(pos, n_valid, tables_ptr, req, kvh, s_kb, s_kt, s_kh, s_vb,
-                                     s_vt, s_vh, s_tb, BLOCK_SIZE, MASKED, page_ahead, HAVE_PAGE)
-        k_ptrs = k_ptr + base_k[:, :, None] + offs_d[None, None, :] * s_kd
-        v_ptrs = v_ptr + base_v[:, :, None] + offs_d[None, None, :] * s_vd
-        if MASKED or BLOCK_D != HEAD_DIM:
-            kv_mask = n_valid[:, :, None] & (offs_d < HEAD_DIM)[None, None, :]
-            k_tile = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v_tile = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        else:
-            k_tile = tl.load(k_ptrs)
-            v_tile = tl.load(v_ptrs)
-        return pos, n_valid, k_tile, v_tile
-
-    @triton.jit
-    def _store_logits_warps(logits_ptr, s, slot, head, keep, pos, n_valid, s_gr, s_gh, s_gc):
-        """`_store_logits` for a [WARPS, rows, KW] score tile at positions [WARPS, KW]."""
-        dst = (logits_ptr + slot.to(tl.int64)[None, :, None] * s_gr + head[None, :, None] * s_gh
-               + pos[:, None, :] * s_gc)
-        tl.store(dst, s.to(tl.bfloat16), mask=keep[None, :, None] & n_valid[:, None, :])
-
-    @triton.jit
-    def _attend_tile_warps(start, q3, row_pos, m_valid, head, slot, qc3, row_pos_c, head_c, slot_c,
-                           keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh,
-                           ctx, scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh,
-                           s_gc, s_tb, BLOCK_SIZE: tl.constexpr, WARPS: tl.constexpr,
-                           KW: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                           COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                           page_ahead, HAVE_PAGE: tl.constexpr):
-        """`_attend_tile` with the key tile cut into WARPS chunks, each folded into its own
-        online-softmax state: q3 [WARPS, BLOCK_M, BLOCK_D] (the query tile once per chunk),
-        m_i / l_i [WARPS, BLOCK_M], acc [WARPS, BLOCK_M, BLOCK_D]. Both products are batched over
-        the chunk axis, which Triton gives one warp each (a rank-3 dot's warps go to the batch
-        axis), so a warp's softmax reductions and its P -> PV operand stay inside the warp. The
-        2-D tile's rows are too few for that (a chained dot with fewer rows than keys puts its
-        warps along the keys): there every tile reduces its max and sum across warps and passes
-        P through shared memory (10 barriers a tile in the SASS against 2 here, compiled for
-        sm_90 offline: bench/NOTES.md version 57). The chunks meet once, in `_fold_warps`.
-        Collect-2-Query takes its rows from this score tile, whose rows come first row, last row,
-        then the rest (no second product; the small first/last tile only when the tile is
-        narrower than BLOCK_C rows)."""
-        pos, n_valid, k3, v3 = _load_kv_warps(
-            start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt,
-            s_vh, s_vd, s_tb, BLOCK_SIZE, WARPS, KW, BLOCK_D, HEAD_DIM, MASKED, page_ahead,
-            HAVE_PAGE)
-        k3t = tl.permute(k3, (0, 2, 1))
-        s = tl.dot(q3, k3t, input_precision=PRECISION) * scale            # [WARPS, M, KW]
-        BLOCK_M: tl.constexpr = q3.shape[1]
-        BLOCK_C: tl.constexpr = qc3.shape[1]
+        pos, n_valid, k_tile, v_tile = _load_kv(
+            start, k_ptr, v_ptr, tables_ptr, req, kvh, ctx, s_kb, s_kt, s_kh, s_kd,
+            s_vb, s_vt, s_vh, s_vd, s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, MASKED,
+            page_ahead, HAVE_PAGE)
+        s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         if MASKED:
-            visible = ((pos[:, None, :] <= row_pos[None, :, None]) & n_valid[:, None, :]
-                       & m_valid[None, :, None])
+            visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
             s = tl.where(visible, s, float("-inf"))
         if COLLECT == 1:
-            _store_logits_warps(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
-                                s_gr, s_gh, s_gc)
+            _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
+                          s_gr, s_gh, s_gc)
         if COLLECT == 2:
-            if BLOCK_M >= BLOCK_C:
-                # The tile's rows come first row, last row, then the rest (`_tile_rows`): C2Q's
-                # rows are its first BLOCK_C, taken out by a max over BLOCK_C-row blocks with all
-                # but the first at -inf (exact); a warp holds all of its chunk's rows, so this
-                # stays in registers, with no second product.
-                blocks = tl.reshape(s, [WARPS, BLOCK_M // BLOCK_C, BLOCK_C, KW])
-                first = (tl.arange(0, BLOCK_M // BLOCK_C) == 0)[None, :, None, None]
-                s_c = tl.max(tl.where(first, blocks, float("-inf")), axis=1)
-            else:
-                s_c = tl.dot(qc3, k3t, input_precision=PRECISION) * scale
-                if MASKED:
-                    s_c = tl.where((pos[:, None, :] <= row_pos_c[None, :, None])
-                                   & n_valid[:, None, :], s_c, float("-inf"))
-            _store_logits_warps(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid,
-                                s_gr, s_gh, s_gc)
-        m_new = tl.maximum(m_i, tl.max(s, axis=2))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, :, None])
-        l_i = l_i * alpha + tl.sum(p, axis=2)
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(v3.dtype), v3, input_precision=PRECISION)
-        return m_new, l_i, acc
+            s_c = tl.dot(q_c, tl.trans(k_tile), input_precision=PRECISION) * scale
+            if MASKED:
+                s_c = tl.where((pos[None, :] <= row_pos_c[:, None]) & n_valid[None, :], s_c,
+                               float("-inf"))
+            _store_logits(logits_ptr, s_c, slot_c, head_c, keep_c, pos, n_valid, s_gr, s_gh, s_gc)
 
-    @triton.jit
-    def _fold_warps(m_i, l_i, acc):
-        """The WARPS chunk states [WARPS, M(, D)] as one [M(, D)]: each rescaled to the common max
-        and summed in chunk order. A chunk that saw no key of a row (max -1e30, sum 0) adds 0."""
-        m = tl.max(m_i, axis=0)
-        w = tl.exp(m_i - m[None, :])
-        return m, tl.sum(l_i * w, axis=0), tl.sum(acc * w[:, :, None], axis=0)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile,
+                                            input_precision=PRECISION)
+        m_i = m_new
+        return m_i, l_i, acc
 
     @triton.jit
     def _store_neg_tail(logits_ptr, slot, head, keep, ctx, logits_len, s_gr, s_gh, s_gc,
@@ -542,16 +384,12 @@ if triton is not None:
 
     @triton.jit
     def _tile_rows(kvh, q_len, ctx, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, FIRST_LAST: tl.constexpr = False):
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
         """The score tile's rows (row m: query row m // GROUP, head kvh * GROUP + m % GROUP), the
-        head-dim offsets, their validity, and the last key each row sees. FIRST_LAST orders the
-        row blocks first row, last row, then rows 1 .. q_len - 2, so that Collect-2-Query's rows
-        are the tile's first 2 * GROUP (`_attend_tile_warps` takes them from there)."""
+        head-dim offsets, their validity, and the last key each row sees."""
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         row = offs_m // GROUP
-        if FIRST_LAST:
-            row = tl.where(row == 0, 0, tl.where(row == 1, q_len - 1, row - 1))
         head = kvh * GROUP + offs_m % GROUP
         m_valid = offs_m < q_len * GROUP
         d_valid = offs_d < HEAD_DIM
@@ -576,8 +414,7 @@ if triton is not None:
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0, WARP_SPLIT: tl.constexpr = False,
-            WARPS: tl.constexpr = 1):
+            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -592,7 +429,7 @@ if triton is not None:
         req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
                                                                      BLOCK_N, SPLIT)
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
-            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, WARP_SPLIT and BLOCK_M >= BLOCK_C)
+            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
 
         q_tile = tl.load(q_ptr + (q_start + row)[:, None] * s_qt + head[:, None] * s_qh
                          + offs_d[None, :] * s_qd,
@@ -611,16 +448,9 @@ if triton is not None:
                       + offs_d[None, :] * s_qd, mask=keep_c[:, None] & d_valid[None, :], other=0.0)
         row_pos_c = ctx - q_len + c_row
 
-        if WARP_SPLIT:    # one state per warp's chunk of each key tile (`_attend_tile_warps`)
-            q_tile = tl.broadcast_to(q_tile[None, :, :], [WARPS, BLOCK_M, BLOCK_D])
-            q_c = tl.broadcast_to(q_c[None, :, :], [WARPS, BLOCK_C, BLOCK_D])
-            m_i = tl.full([WARPS, BLOCK_M], -1.0e30, dtype=tl.float32)
-            l_i = tl.zeros([WARPS, BLOCK_M], dtype=tl.float32)
-            acc = tl.zeros([WARPS, BLOCK_M, BLOCK_D], dtype=tl.float32)
-        else:
-            m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)      # finite: padded rows stay NaN-free
-            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)          # finite: padded rows stay NaN-free
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # Tiles [lo, mid) are seen whole by every row (keys up to the first new row's position,
         # inside the split): unmasked; [mid, hi) keep the causal and context masks. The four
         # loops below are written out on purpose: the same loops in one helper function compiled
@@ -648,8 +478,7 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0,
-                    WARP_SPLIT, WARPS)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
             while start < hi:
@@ -660,8 +489,7 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0,
-                    WARP_SPLIT, WARPS)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
         else:
@@ -673,8 +501,7 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0,
-                    WARP_SPLIT, WARPS)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
             for start in range(mid, hi, BLOCK_N):
                 nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
@@ -684,12 +511,8 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0,
-                    WARP_SPLIT, WARPS)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
-
-        if WARP_SPLIT:
-            m_i, l_i, acc = _fold_warps(m_i, l_i, acc)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -791,7 +614,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
                      max_registers: int | None = None, unmasked_tiles: bool | None = None,
-                     page_ahead: int | None = None, warp_split: bool | None = None):
+                     page_ahead: int | None = None):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -834,8 +657,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead,
-                          warp_split=warp_split)
+                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -846,7 +668,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
                           unmasked_tiles: bool | None = None,
-                          page_ahead: int | None = None, warp_split: bool | None = None):
+                          page_ahead: int | None = None):
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -862,11 +684,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
     False masks every tile (the same output within rounding, not always bit for bit).
     ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
-    the tile it will gather (0: in front of the gather; the same bits any way). ``warp_split``:
-    each of the ``num_warps`` warps folds its own ``block_n / num_warps`` keys of every tile into
-    its own softmax state, merged once at the end (`_attend_tile_warps`; another summation order,
-    so not the 2-D kernel's bits). All of these, like the tile, warps and stages, default to
-    `launch_config`'s. Returns the launched
+    the tile it will gather (0: in front of the gather; the same bits any way). All of these, like the tile, warps and stages, default to `launch_config`'s. Returns the launched
     attention kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for an empty
     batch."""
     total, heads, dim = q.shape
@@ -886,12 +704,6 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     page_ahead = cfg.page_ahead if page_ahead is None else page_ahead
     if page_ahead not in (0, 1, 2):
         raise ValueError(f"page_ahead must be 0, 1 or 2, got {page_ahead}")
-    warp_split = cfg.warp_split if warp_split is None else warp_split
-    if warp_split:
-        chunk = block_n // num_warps
-        if block_n % num_warps or chunk < 16 or chunk & (chunk - 1):
-            raise ValueError(f"warp_split needs block_n / num_warps a power of two >= 16 (an mma's "
-                             f"depth), got {block_n} / {num_warps}")
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -919,8 +731,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
         SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead, WARP_SPLIT=bool(warp_split),
-        WARPS=num_warps if warp_split else 1, num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
+        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead,
+        num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
             part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),

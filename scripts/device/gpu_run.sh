@@ -82,18 +82,13 @@
 #            (scripts/device/probe_page_ahead.py)
 #   paab     e2e greedy vanilla / stream / vegas with the plain decode step's page-ahead launch,
 #            then without (--no-page-ahead), each twice, alternated (E2E_ARGS sets the workload)
-#   wsplit   verify_attention with a softmax state per warp's chunk of each key tile against the
-#            engine's launch, over tiles, warps, stages, register caps and splits
-#            (scripts/device/probe_warp_split.py)
-#   wsab     e2e greedy vanilla / stream / vegas with the warp split (--warp-split), then without,
-#            each twice, alternated (E2E_ARGS sets the workload)
 #   ncu1     Nsight Compute's counters and warp stall reasons for the attention kernels at one row
 #            (scripts/device/ncu_kernels.py --q-rows 1), into $OUT/ncu-1row.txt
 #   profile  torch.profiler over three iterations of vegas (gamma 10), vanilla, vanilla with 16-step
 #            chains: GPU kernels, host operators, and GPU-idle time charged to host phases
 # Results go to $OUT/results, every log to $OUT/run.log; a table per stage is printed. E2E_ARGS adds
-# options to the e2e stages (e.g. --tuned bench/results/tune-....json, --warp-split), KERNELS_ARGS
-# to the kernels stage and TUNE_ARGS to tune8k (e.g. --warp-split).
+# options to the e2e stages (e.g. --tuned bench/results/tune-....json), KERNELS_ARGS to the kernels
+# stage and TUNE_ARGS to tune8k.
 set -uo pipefail
 [ -f /root/vegas-env ] && . /root/vegas-env   # the model (stage.sh's call 2); stages without it run too
 : "${VEGAS_DEVICE_MODEL:=}"
@@ -242,8 +237,6 @@ for stage in "$@"; do
     dprobe) TAIL=40 step dprobe 240 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_decode_packed.py ;;
     hints) TAIL=30 step hints 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_kv_hints.py ;;
     paab) ab paab 200 off --no-page-ahead ahead-1 off-1 ahead-2 off-2 ;;
-    wsplit) TAIL=45 step wsplit 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_warp_split.py ;;
-    wsab) ab wsab 200 split --warp-split split-1 base-1 split-2 base-2 ;;
     ahead) TAIL=40 step ahead 300 env PYTHONPATH=".:${PYTHONPATH:-}" python3 scripts/device/probe_page_ahead.py ;;
     ncu1) NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
           timeout 240 "$NCU" --profile-from-start off --clock-control none --section SpeedOfLight \

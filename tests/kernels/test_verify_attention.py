@@ -63,12 +63,7 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
     """Single pass and split-K both match the reference. With 16-key tiles each request's context
     is cut into 3 ranges of whole tiles (70 keys: 32 + 32 + 6; 5 keys: 16 + two empty ones)."""
     args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim)
-    _matches_reference_and_collect_keeps_output(args, num_splits=num_splits, block_n=16)
-
-
-def _matches_reference_and_collect_keeps_output(args, **kw):
-    """Every collection mode (C2Q through either tile): the reference's output, log-sum-exp and
-    logits, and the no-collection call's output and log-sum-exp bit for bit."""
+    kw = dict(num_splits=num_splits, block_n=16)
     base_out, base_lse, none = verify_attention(*args, collect="none", **kw)
     assert none is None
     for collect, c2q_tile in (("none", None), ("c2q", True), ("c2q", False), ("all", None)):
@@ -202,18 +197,6 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
         assert not any(launch_config(mode, 64, rows).unmasked_tiles for mode in (0, 1, 2))
 
 
-def _default_launches_collect_keep_output(q_rows, heads, kv_heads, head_dim):
-    args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
-    ref_out, ref_lse, _ = verify_attention_reference(*args)
-    base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
-    torch.testing.assert_close(base_out, ref_out, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(base_lse, ref_lse, atol=1e-4, rtol=1e-4)
-    rows = [0, 3 * q_rows - 1]
-    for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None), (rows, None)):
-        out, lse, _ = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, num_splits=3)
-        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), (collect, c2q_tile)
-
-
 @pytest.mark.parametrize("heads, kv_heads, head_dim", [(9, 3, 64), (8, 2, 128)])
 @pytest.mark.parametrize("q_rows", [1, 9])
 def test_default_launches_collect_without_changing_the_output(heads, kv_heads, head_dim, q_rows):
@@ -221,64 +204,27 @@ def test_default_launches_collect_without_changing_the_output(heads, kv_heads, h
     gives the no-collection bits: the paths of a head dim share the key tile (the online softmax
     rounds at tile boundaries), the masks, and the merge arithmetic."""
     from kernels.verify_attention import launch_config
-    _default_launches_collect_keep_output(q_rows, heads, kv_heads, head_dim)
+    args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
+    base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
+    rows = [0, 3 * q_rows - 1]
+    for collect, c2q_tile in (("c2q", True), ("c2q", False), ("all", None), (rows, None)):
+        out, lse, _ = verify_attention(*args, collect=collect, c2q_tile=c2q_tile, num_splits=3)
+        assert torch.equal(out, base_out) and torch.equal(lse, base_lse), (collect, c2q_tile)
     tiles = {launch_config(mode, head_dim, block_m, q).block_n for mode in (0, 1, 2)
              for block_m, q in ((16, 1), (32, 8), (64, 17))}
     assert tiles == {128 if head_dim <= 64 else 64}
 
 
-@pytest.mark.parametrize("q_rows", [1, 9])
-def test_warp_split_launches_collect_without_changing_the_output(q_rows, monkeypatch):
-    """With `WARP_SPLIT` on, every path at head dim 64 with tiles of up to 32 rows takes the
-    warp-split launch (one key tile and chunking for all, so collecting leaves the output's bits)
-    and 64-row tiles keep the 2-D kernel; head dim 128 is untouched."""
-    import kernels.verify_attention as va
-    monkeypatch.setattr(va, "WARP_SPLIT", True)
-    _default_launches_collect_keep_output(q_rows, 9, 3, 64)
-    for mode in (0, 1, 2):
-        assert va.launch_config(mode, 64, 16, 1).warp_split and va.launch_config(mode, 64, 32, 9).warp_split
-        assert not va.launch_config(mode, 64, 64, 17).warp_split
-        assert not va.launch_config(mode, 128, 32, 8).warp_split
-    assert {va.launch_config(m, 64, b).block_n for m in (0, 1, 2) for b in (16, 32)} == {64}
-
-
-@pytest.mark.parametrize("fused", [False, True])
-@pytest.mark.parametrize("q_lens,ctx_lens,heads,kv_heads,head_dim",
-                         CASES + [([1, 1], [40, 33], 9, 1, 16)])
-def test_warp_split_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_heads,
-                                                               head_dim, fused):
-    """`warp_split`: each warp folds its own 16 keys of every 32-key tile into its own softmax
-    state, merged once at the end, with the tile's rows ordered first row, last row, then the
-    rest so that C2Q takes its rows from the score tile. The reference's answers at GQA 1, 3, 8
-    and 9 (one row at GQA 9 is a 16-row tile, narrower than C2Q's 32: the small first/last tile
-    then), 1-17 rows, contexts ending inside a warp's chunk, split ranges with no keys, either
-    merge; collecting (C2Q through either tile, all rows) gives the no-collection bits."""
-    args = make_case(q_lens, ctx_lens, heads, kv_heads, head_dim, seed=29)
-    _matches_reference_and_collect_keeps_output(args, num_splits=3, block_n=32, num_warps=2,
-                                                warp_split=True, fused_merge=fused)
-
-
-def test_warp_split_rejects_chunks_an_mma_cannot_take():
-    args = make_case([2], [40], 9, 3, 16)
-    with pytest.raises(ValueError, match="power of two >= 16"):
-        verify_attention(*args, block_n=32, num_warps=4, warp_split=True)     # 8 keys a warp
-    with pytest.raises(ValueError, match="power of two >= 16"):
-        verify_attention(*args, block_n=48, num_warps=1, warp_split=True)     # not a power of two
-
-
-@pytest.mark.parametrize("unmasked, warp_split", [(False, False), (True, False), (False, True)])
-def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked, warp_split):
+@pytest.mark.parametrize("unmasked", [False, True])
+def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked):
     """`page_ahead` 1 or 2 only moves when a tile's block-table entries are loaded (into the
     iteration before, or two before): the same output and logits bits as loading them in front of
-    the gather, over ragged requests, splits that end mid-context, both tile kinds and collection,
-    and with the warp split (the entries reshaped to the warps' chunks); a one-row batch as a
-    plain decode step runs it."""
+    the gather, over ragged requests, splits that end mid-context, both tile kinds and collection;
+    a one-row batch as a plain decode step runs it."""
     for q_lens, ctx_lens in (([1, 2, 8, 17], [5, 40, 37, 70]), ([1, 1, 1], [30, 51, 18])):
         args = make_case(q_lens, ctx_lens, 9, 3, 16, seed=21)
         for collect in ("none", "c2q"):
             kw = dict(collect=collect, num_splits=3, block_n=16, unmasked_tiles=unmasked)
-            if warp_split:
-                kw.update(block_n=32, num_warps=2, warp_split=True)
             want = verify_attention(*args, page_ahead=0, **kw)
             for ahead in (1, 2):
                 got = verify_attention(*args, page_ahead=ahead, **kw)
@@ -345,14 +291,10 @@ def test_reference_matches_engine_maths():
 
 
 @pytest.mark.skipif(DEVICE == "cpu", reason="the interpreter's tl.dot is wrong for bf16; compiled GPU runs only")
-@pytest.mark.parametrize("warp_split", [False, True])
-def test_bf16_at_smollm2s_shape_collect_keeps_output(warp_split, monkeypatch):
+def test_bf16_at_smollm2s_shape_collect_keeps_output():
     """bf16 as the engine runs it (SmolLM2's 9 / 3 heads at head dim 64, 1 and 9 rows, contexts
     over several splits): within bf16 rounding of the float32 reference, and collecting (C2Q either
-    way, all rows) gives the no-collection bits at the engine's own launches, with `WARP_SPLIT`
-    off and on (the register caps differ per path there too)."""
-    import kernels.verify_attention as va
-    monkeypatch.setattr(va, "WARP_SPLIT", warp_split)
+    way, all rows) gives the no-collection bits at the engine's own launches."""
     for q_rows in (1, 9):
         args = make_case([q_rows] * 6, [300, 517, 640, 1000, 77, 1200], 9, 3, 64, seed=21,
                          dtype=torch.bfloat16)

@@ -93,10 +93,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a plain decode step's attention loads each tile's block-table entries in front "
                         "of its gather, over 2 stages, as other calls do "
                         "(kernels.verify_attention.ONE_ROW_PAGE_AHEAD)")
-    p.add_argument("--warp-split", action="store_true",
-                   help="verification attention at head dim <= 64 cuts each key tile into one chunk a "
-                        "warp, each with its own softmax state (kernels.verify_attention.WARP_SPLIT; "
-                        "off by default until measured)")
     p.add_argument("--sparse-fused-merge", action="store_true",
                    help="the last split of a draft's attention merges the splits, no merge kernel "
                         "after (kernels.sparse_attention.FUSED_MERGE; off by default: slower in run 43)")
@@ -469,7 +465,6 @@ def run(args, argv: list[str]) -> str:
         kernels.sparse_attention.PACK_KV_HEADS = False
     kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
     kernels.verify_attention.ONE_ROW_PAGE_AHEAD = not args.no_page_ahead
-    kernels.verify_attention.WARP_SPLIT = args.warp_split
     if args.sparse_split_tiles is not None:
         if args.sparse_split_tiles < 1:
             raise SystemExit(f"--sparse-split-tiles must be >= 1, got {args.sparse_split_tiles}")
@@ -543,7 +538,6 @@ def run(args, argv: list[str]) -> str:
                 packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
                 one_row_page_ahead=(kernels.verify_attention.ONE_ROW_PAGE_AHEAD
                                     and bool(engine.core.runner.kernels)),
-                warp_split=kernels.verify_attention.WARP_SPLIT and bool(engine.core.runner.kernels),
                 sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
                 sparse_split_tiles=kernels.sparse_attention.MIN_TILES_PER_SPLIT,
                 bandwidth_bound=bound,

@@ -75,9 +75,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout-sweep", action=argparse.BooleanOptionalAction, default=False,
                    help="time verify_attention and sparse_attention over pools stored token-major "
                         "and head-major, at page sizes 16 and 64")
-    p.add_argument("--warp-split", action="store_true",
-                   help="verify_attention with a softmax state per warp's chunk of each key tile at "
-                        "head dim 64 (kernels.verify_attention.WARP_SPLIT), the engine's launch otherwise")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
@@ -555,8 +552,6 @@ def run(args, argv: list[str]) -> str:
     device = torch.device(args.device)
     common.require_cuda(device, "kernel", "the kernels' CPU check is the test suite, under "
                                           "TRITON_INTERPRET=1")
-    import kernels.verify_attention as verify_kernel
-    verify_kernel.WARP_SPLIT = args.warp_split
     torch.manual_seed(0)
     _check_verify(device)
     copy_tbps = common.copy_bandwidth(device)
@@ -627,7 +622,7 @@ def run(args, argv: list[str]) -> str:
         bar.update(1)
     bar.close()
     path = common.write_results("kernels", args.out, device, argv, records, copy_TBps=copy_tbps,
-                                tuned_verify_config=tuned, warp_split=args.warp_split,
+                                tuned_verify_config=tuned,
                                 notes="bf16 K/V; verify q_rows rows per request; times are medians "
                                       "of triton.testing.do_bench")
     _print(records, copy_tbps, device)

@@ -5,14 +5,12 @@ key tile of the main loop the barriers, shared-memory and tensor-core instructio
 
 It answers what the compiler decides, not how fast a launch runs: a kernel change can be checked
 for spills, occupancy and per-tile synchronisation before device time is spent on it (the
-timings come from `bench kernels` and `scripts/device/probe_warp_split.py` on the GPU).
+timings come from `bench kernels` and the probes under `scripts/device/` on the GPU).
 
 Launches: the engine's own (`launch_config`) for each collection path (none, C2Q's first/last
 tile, the main-tile store of all rows) at SmolLM2's shape (9 / 3 heads, head dim 64) and the
-8B-like one (32 / 8 / 128), for the given row counts, at batch 64 x 8K; with `--warp-split` also
-the warp-split launches where `kernels.verify_attention.WARP_SPLIT` changes the launch (head dim
-64, tiles of up to 32 rows). Records: `kernel`, `shape`,
-`q_rows`, `collect`, `variant`, `block_n`, `num_warps`, `max_registers`, `registers`, `stack`,
+8B-like one (32 / 8 / 128), for the given row counts, at batch 64 x 8K. Records: `kernel`,
+`shape`, `q_rows`, `collect`, `variant`, `block_n`, `num_warps`, `max_registers`, `registers`, `stack`,
 `shared`, `mma`, `programs_per_sm`, `tile_keys`, `loop_instructions` and the loop's opcode
 counts (`loop_BAR`, `loop_STS`, ...), per key `warp_instructions_per_key` (all warps) and
 `barriers_per_128_keys`, and `sass_sha256` (the instruction text: equal hashes are
@@ -45,8 +43,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="query rows a request (default: 1 a plain decode step, 8, 10 vegas's tuned "
                         "gamma 9, 11 stream's gamma 10)")
     p.add_argument("--collects", nargs="+", default=list(COLLECTS), choices=list(COLLECTS))
-    p.add_argument("--warp-split", action="store_true",
-                   help="also the warp-split launches at head dim 64 (kernels.verify_attention.WARP_SPLIT)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--context", type=int, default=8192)
     p.add_argument("--threads", type=int, default=None)
@@ -65,7 +61,7 @@ def _stand_ins(shape: str, q_rows: int, batch: int, context: int, block: int = 1
 
 
 def engine_launch(shape: str, rows: int, collect: str, batch: int = 64, context: int = 8192,
-                  warp_split: bool = False, **launch):
+                  **launch):
     """The compiled verify_attention kernel of the call the engine makes at this shape."""
     import kernels.verify_attention as va
     from kernels.offline import compile_launch, record
@@ -80,16 +76,12 @@ def engine_launch(shape: str, rows: int, collect: str, batch: int = 64, context:
         logits = torch.empty(len(kept), heads, context, dtype=torch.bfloat16)
         slots = va.collected_row_slots(kept, total)
     splits = va.default_num_splits(batch, kvh, context, num_sms=132)
-    kept_switch = va.WARP_SPLIT
-    va.WARP_SPLIT = warp_split
-    try:   # the split merge after it is recorded too (not launched: there is no driver)
-        with record(va, "_verify_attention_kernel") as (kernel, launches), \
-                record(va, "_merge_splits_kernel"):
-            va.verify_attention_into(q, k, v, tables, ctx, loc, dim ** -0.5, out, lse, max_q=rows,
-                                     num_splits=splits, logits=logits, row_slot=slots,
-                                     c2q_tile=collect == "c2q", logits_len=context, **launch)
-    finally:
-        va.WARP_SPLIT = kept_switch
+    # the split merge after it is recorded too (not launched: there is no driver)
+    with record(va, "_verify_attention_kernel") as (kernel, launches), \
+            record(va, "_merge_splits_kernel"):
+        va.verify_attention_into(q, k, v, tables, ctx, loc, dim ** -0.5, out, lse, max_q=rows,
+                                 num_splits=splits, logits=logits, row_slot=slots,
+                                 c2q_tile=collect == "c2q", logits_len=context, **launch)
     return kernel, launches[0], compile_launch(kernel, launches[0])
 
 
@@ -135,11 +127,10 @@ def _stats_record(launch, compiled, **fields) -> dict:
     return rec
 
 
-def record_for(shape, rows, collect, batch, context, warp_split=False) -> dict:
-    _, launch, compiled = engine_launch(shape, rows, collect, batch, context, warp_split)
+def record_for(shape, rows, collect, batch, context) -> dict:
+    _, launch, compiled = engine_launch(shape, rows, collect, batch, context)
     return _stats_record(launch, compiled, kernel="verify_attention", shape=shape, q_rows=rows,
-                         collect=collect, batch=batch, context=context,
-                         variant="warp-split" if launch.kwargs.get("WARP_SPLIT") else "engine")
+                         collect=collect, batch=batch, context=context, variant="engine")
 
 
 def sparse_record_for(shape, packed, batch, context) -> dict:
@@ -160,24 +151,16 @@ def run(args, argv: list[str]) -> str:
         import kernels.offline  # noqa: F401 - Triton with its ptxas
     except ImportError as e:
         raise VegasError(f"bench sass needs Triton (pip install triton==3.6.0): {e}") from e
-    from kernels.verify_attention import tile_rows, warp_split_applies
-
-    def splits_there(shape, rows):   # where WARP_SPLIT changes the launch
-        heads, kvh, dim = SHAPES[shape]
-        return args.warp_split and warp_split_applies(dim, tile_rows(rows, heads // kvh))
-
-    cases = [(s, r, c, ws) for s in args.shapes for r in args.rows for c in args.collects
-             for ws in ((False, True) if splits_there(s, r) else (False,))]
-    if "verify" not in args.kernels:
-        cases = []
+    cases = [(s, r, c) for s in args.shapes for r in args.rows for c in args.collects
+             if "verify" in args.kernels]
     from kernels.sparse_attention import packs_kv_heads
     sparse_cases = [(s, packed) for s in args.shapes for packed in (True, False)
                     if "sparse" in args.kernels
                     and (not packed or packs_kv_heads(SHAPES[s][0], SHAPES[s][1], 1))]
     bar = tqdm(total=len(cases) + len(sparse_cases), desc="compiling for sm_90", unit="launch")
     records = []
-    for s, r, c, ws in cases:
-        records.append(record_for(s, r, c, args.batch, args.context, ws))
+    for s, r, c in cases:
+        records.append(record_for(s, r, c, args.batch, args.context))
         bar.update()
     for s, packed in sparse_cases:
         records.append(sparse_record_for(s, packed, args.batch, args.context))

@@ -33,9 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "tile size within their range (default: on)")
     p.add_argument("--plateau", type=float, default=0.95,
                    help="step 1 stops at this fraction of the best acceptance (default: 0.95)")
-    p.add_argument("--warp-split", action="store_true",
-                   help="verification attention with a softmax state per warp's chunk of each key "
-                        "tile (kernels.verify_attention.WARP_SPLIT), as `e2e --warp-split`")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -68,8 +65,6 @@ def run(args, argv: list[str]) -> str:
         SpecParams(method=m, granularity=g)
     for s in args.sparsities:
         SpecParams(sparsity=s)
-    import kernels.verify_attention as verify_kernel
-    verify_kernel.WARP_SPLIT = args.warp_split
     loaded = load_model(args.model)
     workload = e2e.build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
     engine = e2e.engine_for(args, workload, loaded)
@@ -115,8 +110,7 @@ def run(args, argv: list[str]) -> str:
             dtype=str(engine.dtype).replace("torch.", ""), workload=dict(
                 name=workload.name, batch=workload.batch, gen_tokens=workload.gen_tokens,
                 prompt_tokens=list(workload.prompt_range), requests=len(workload.prompts), sampling="greedy"),
-            gammas=gammas, tile_gammas_added=added, tuned=tuned, complete=len(tuned) == len(methods),
-            warp_split=args.warp_split and engine.core.runner.attention == "triton")
+            gammas=gammas, tile_gammas_added=added, tuned=tuned, complete=len(tuned) == len(methods))
     compiles.uninstall()
     bar.close()
     common.print_table(f"tune: {common.device_description(engine.device)}, {workload.name} workload",
