@@ -15,7 +15,12 @@ import torch
 from tests import interpreter_speedup
 
 if os.environ["TRITON_INTERPRET"] == "1":
-    interpreter_speedup.install()    # nested helpers skip a redundant re-patch (see the module)
+    # Test-only shortcuts through Triton's interpreter; what a kernel computes is unchanged (see
+    # the module): nested helpers skip a redundant re-patch, shapes are built once per shape, and
+    # overflow checks whose result is discarded are not computed.
+    interpreter_speedup.install()
+    interpreter_speedup.install_shape_cache()
+    interpreter_speedup.install_no_dead_checks()
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One of several test processes (scripts/test.sh): one torch thread each, so the processes
