@@ -43,9 +43,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kernels.argmax import argmax_rows
-from kernels.select import quest_sizes
-from kernels.verify_attention import MAX_Q_ROWS, default_num_splits
+from vegas_core.kernels.argmax import argmax_rows
+from vegas_core.kernels.select import quest_sizes
+from vegas_core.kernels.verify_attention import MAX_Q_ROWS, default_num_splits
 
 from .attention import AttentionMetadata, LogitCollector
 from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices

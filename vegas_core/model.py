@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.fused import add_rms_norm, rotary_qkv, silu_mul
-from kernels.fused_linear import linear_add, norm_linear
-from kernels.qkv_rotary import norm_linear_rotary
+from vegas_core.kernels.fused import add_rms_norm, rotary_qkv, silu_mul
+from vegas_core.kernels.fused_linear import linear_add, norm_linear
+from vegas_core.kernels.qkv_rotary import norm_linear_rotary
 
 from .attention import AttentionMetadata
 from .config import ModelConfig

@@ -85,8 +85,8 @@ class ModelRunner:
             # process-wide switch, read at launch and so at graph capture): with the fused
             # projections it took vegas 28,926 -> 30,056 tokens/s on the H200
             # (bench/results/e2e-2026-12-02-h200-run32-ab-*.json; bench/NOTES.md version 37).
-            import kernels.pdl
-            kernels.pdl.ENABLED = True
+            from .kernels import pdl
+            pdl.ENABLED = True
         else:
             self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
         self.graphs = self._graph_runner(graphs, max_batch)

@@ -104,7 +104,7 @@ def sample_rows(logits: Tensor, params: Tensor, keys: Tensor | None, positions: 
     sort of the vocabulary; it has one form, so ``filtered`` does not apply there): the engine's
     GPU path, as the attention kernels are (`ModelRunner.kernels`)."""
     if kernel:
-        from kernels.sampling import sample_rows as sample_rows_kernel
+        from vegas_core.kernels.sampling import sample_rows as sample_rows_kernel
         return sample_rows_kernel(logits, params, keys, positions, tag, sample=sample)
     probs = probs_from_tensors(logits, *params, filtered=filtered)
     return probs, (sample_keyed(probs, keys, positions, tag) if sample else None)
@@ -200,7 +200,7 @@ def sample_keyed(weights: Tensor, keys: Tensor, positions: Tensor, tag: int, ker
         raise ValueError(f"weights [N, V] need keys and positions [N], got {tuple(weights.shape)}, "
                          f"{tuple(keys.shape)} and {tuple(positions.shape)}")
     if kernel:
-        from kernels.sampling import race
+        from vegas_core.kernels.sampling import race
         return race(weights, keys, positions, tag)
     u = uniforms(keys, positions, tag, weights.shape[1])
     race = weights.float() / -torch.log(u)          # w / E: the largest is the first to arrive

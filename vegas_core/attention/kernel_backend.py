@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kernels.select import quest_page_scores, quest_positions, quest_sizes
-from kernels.sparse_attention import sparse_attention
-from kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots,
+from vegas_core.kernels.select import quest_page_scores, quest_positions, quest_sizes
+from vegas_core.kernels.sparse_attention import sparse_attention
+from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots,
                                       default_num_splits, verify_attention_into)
 
 from ..kv_cache import KVPool

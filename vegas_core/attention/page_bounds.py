@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.select import update_page_bounds
+from vegas_core.kernels.select import update_page_bounds
 
 from ..kv_cache import KVPool
 from ..transfer import to_device

@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,linear,sampling,agreement,e2e,tune,sass} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,agreement,e2e,tune} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, decode, e2e, kernels, linear, sampling, sass, tune
+from . import acceptance, agreement, decode, e2e, kernels, tune
 
 
 # name -> (module with add_arguments / run / a docstring, one-line help)
@@ -17,12 +17,9 @@ BENCHMARKS = {
     "decode": (decode, "decode throughput (and the Hugging Face baseline)"),
     "acceptance": (acceptance, "acceptance length and recall of every policy"),
     "kernels": (kernels, "Triton kernels: time, bandwidth, SDPA, collection cost"),
-    "linear": (linear, "fused projections (norm / SiLU * up / residual inside) vs cuBLAS"),
-    "sampling": (sampling, "the batched sampler: PyTorch (sort) vs Triton (threshold search)"),
     "agreement": (agreement, "kernel path vs reference path, same answers?"),
     "e2e": (e2e, "every method on one workload, side by side"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
-    "sass": (sass, "verify_attention's launches compiled for sm_90 offline: registers, spills, barriers"),
 }
 
 

@@ -395,12 +395,12 @@ def _add_phases(acc: dict, totals: dict) -> None:
 
 
 def _pdl(device) -> bool:
-    import kernels.pdl
+    from ..kernels import pdl as _pdl_mod
     return kernels.pdl.active(device)
 
 
 def _linear_configs() -> dict:
-    from kernels.fused_linear import CONFIGS, DEFAULT_CONFIG
+    from vegas_core.kernels.fused_linear import CONFIGS, DEFAULT_CONFIG
     return {"default": list(DEFAULT_CONFIG), **{f"{n}x{k}{' silu' if silu else ''}": list(c)
                                                 for (n, k, silu), c in CONFIGS.items()}}
 
@@ -448,11 +448,11 @@ def run(args, argv: list[str]) -> str:
     loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
     workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
     if args.linear_configs:
-        from kernels.fused_linear import load_configs
+        from vegas_core.kernels.fused_linear import load_configs
         load_configs(args.linear_configs)
     engine = engine_for(args, workload, loaded)
     if args.no_pdl:     # after the engine: its model runner switches PDL on
-        import kernels.pdl
+        from ..kernels import pdl as _pdl_mod
         kernels.pdl.ENABLED = False
     if args.fused_linear_rows is not None:
         engine.core.runner.model.fused_linear_rows = args.fused_linear_rows

@@ -144,7 +144,7 @@ def paged_case(batch, context, kv_heads, dim, block_size, device, dtype=torch.bf
 
 
 def _check_verify(device, dtype=torch.bfloat16) -> None:
-    from kernels.verify_attention import verify_attention, verify_attention_reference
+    from vegas_core.kernels.verify_attention import verify_attention, verify_attention_reference
     heads, kvh, dim = 8, 2, 64
     k, v, tables, _ = paged_case(3, 300, kvh, dim, 16, device, dtype=dtype, seed=1)
     ctx = torch.tensor([300, 123, 77], dtype=torch.int32, device=device)
@@ -187,7 +187,7 @@ def verify_records(shape, batch, context, q_rows, block_size, device, copy_tbps,
                    layout: str = "token-major"):
     """Collection as the engine runs it: the collected rows and their slot map are built once per
     step (not per layer), so they are prepared outside the timed call."""
-    from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
+    from vegas_core.kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     config = config or {}
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
@@ -230,7 +230,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
     """`launch`: sparse_attention's other options (num_warps, num_stages, packed), recorded as
     given. `granularity` "kv-head": a selection per KV head; "layer": one shared by the KV heads
     (Vegas's default), which the kernel may take in one program per request (`packed`)."""
-    from kernels.sparse_attention import packs_kv_heads, sparse_attention
+    from vegas_core.kernels.sparse_attention import packs_kv_heads, sparse_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
                                    layout=layout)
@@ -260,7 +260,7 @@ def sparse_record(shape, batch, context, sparsity, tail, block_size, device, cop
 def tune_sparse(shape, batch, context, sparsity, tail, block_size, device, copy_tbps) -> list[dict]:
     """sparse_attention's tile (entries per step) and split count at one shape (records with
     `sweep: sparse_tune`; `num_splits` None is the automatic choice the engine uses)."""
-    from kernels.sparse_attention import packs_kv_heads
+    from vegas_core.kernels.sparse_attention import packs_kv_heads
     heads, kvh, _, _ = SHAPES[shape]
     variants = [("kv-head", {})]
     if packs_kv_heads(heads, kvh, 1):      # a shared selection: one program per KV head, or all
@@ -288,8 +288,8 @@ def selection_record(shape, batch, context, q_rows, device, copy_tbps):
     """One model step's selection (every layer) from c2q logits, as the engine runs it
     (`kernels.select.select_layers`: one scoring launch and one radix top-k launch for all
     layers); `us_torch_topk` is the torch.topk path it replaced, timed beside it."""
-    from kernels import select_fused
-    from kernels.select import _topk_sorted, select_layers, selection_scores
+    from vegas_core.kernels import select_fused
+    from vegas_core.kernels.select import _topk_sorted, select_layers, selection_scores
     heads, kvh, dim, layers = SHAPES[shape]
     rows = 2 * batch
     # As the engine holds them: one [L, R, H, N] logits buffer and the rows' lse [L, R, H].
@@ -343,7 +343,7 @@ def tune_verify(shape, batch, context, q_rows, block_size, device, copy_tbps,
                 placement: str = "shuffled") -> tuple[dict, list[dict]]:
     """Time verify_attention (no collection) over tile sizes, warps, pipeline depth and split
     counts at one shape; returns the fastest config and every trial."""
-    from kernels.verify_attention import default_num_splits, verify_attention
+    from vegas_core.kernels.verify_attention import default_num_splits, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement)
     q = torch.randn(batch * q_rows, heads, dim, device=device, dtype=torch.bfloat16)
@@ -379,7 +379,7 @@ def _time_verify_configs(shape, batch, context, q_rows, block_size, device, copy
     through the first/last tile, "c2q-main" the same rows from the main tile) and each launch
     option dict in `configs`; a config that fails (out of shared memory, a register cap too low)
     is recorded with its error. Records carry `sweep`."""
-    from kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
+    from vegas_core.kernels.verify_attention import collected_row_slots, collected_rows, verify_attention
     heads, kvh, dim, _ = SHAPES[shape]
     k, v, tables, ctx = paged_case(batch, context, kvh, dim, block_size, device, placement=placement,
                                    layout=layout)
@@ -523,7 +523,7 @@ def print_sweep(sweep: str, shape: str, records: list[dict], groups) -> None:
 
 
 def quest_record(shape, batch, context, block_size, device, copy_tbps):
-    from kernels.select import quest_page_scores, quest_positions, quest_sizes
+    from vegas_core.kernels.select import quest_page_scores, quest_positions, quest_sizes
     heads, kvh, dim, _ = SHAPES[shape]
     pages = context // block_size
     num_blocks = batch * pages

@@ -46,7 +46,7 @@ def plateau_sparsity(trials: list[dict], fraction: float) -> float:
 def tile_gammas(group: int, lo: int, hi: int) -> list[int]:
     """Gammas in [lo, hi] whose verification (gamma + 1 rows) is the last to fit its score tile at
     GQA `group` (`kernels.verify_attention.tile_rows`): one more draft costs a tile twice as tall."""
-    from kernels.verify_attention import tile_rows
+    from vegas_core.kernels.verify_attention import tile_rows
     return [g for g in range(max(1, lo), hi + 1) if tile_rows(g + 1, group) < tile_rows(g + 2, group)]
 
 

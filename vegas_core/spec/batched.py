@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.select import select_layers
+from vegas_core.kernels.select import select_layers
 
 from ..attention.metadata import LogitCollector
 from ..transfer import to_device

@@ -237,7 +237,7 @@ def test_tune_plateau_rule():
 
 
 def test_tune_adds_the_last_gamma_of_each_verification_tile():
-    from kernels.verify_attention import tile_rows
+    from vegas_core.kernels.verify_attention import tile_rows
     from vegas_core.bench.tune import tile_gammas
     assert tile_gammas(3, 2, 12) == [4, 9]              # SmolLM2: 5 rows fill 15 of 16, 10 rows 30 of 32
     assert (tile_rows(10, 3), tile_rows(11, 3)) == (32, 64)
@@ -352,7 +352,7 @@ def test_head_major_pages_are_a_strided_view_the_kernels_read():
     """`paged_case(layout="head-major")` stores one KV head's keys of a page contiguously but is
     indexed [block, offset, KV head, dim] like the engine's pool, so the kernels take it through
     their strides alone: verify_attention (interpreter, float32) matches the reference on it."""
-    from kernels.verify_attention import verify_attention, verify_attention_reference
+    from vegas_core.kernels.verify_attention import verify_attention, verify_attention_reference
     from vegas_core.bench.kernels import paged_case
     k, v, tables, _ = paged_case(2, 200, 3, 16, 16, "cpu", dtype=torch.float32, layout="head-major")
     assert k.shape == (26, 16, 3, 16) and k.stride() == (768, 16, 256, 1)    # offset, then head
@@ -405,7 +405,7 @@ def test_linear_bench_needs_a_gpu_and_says_so(capsys):
 def test_linear_bench_grid_is_what_the_kernel_takes():
     """Every configuration the sweep may pick runs (under the interpreter) and gives the
     reference's numbers, so pasting the sweep's choice into CONFIGS cannot break the engine."""
-    from kernels.fused_linear import norm_linear, norm_linear_reference
+    from vegas_core.kernels.fused_linear import norm_linear, norm_linear_reference
     from vegas_core.bench.linear import _configs
     g = torch.Generator().manual_seed(0)
     x, w, nw = torch.randn(3, 72, generator=g), torch.randn(40, 72, generator=g), torch.randn(72, generator=g)

@@ -9,10 +9,10 @@ the same launch configuration, and a row's bits do not depend on the number of r
 import pytest
 import torch
 
-from kernels.fused import rotary_qkv
-from kernels.fused_linear import norm_linear
-from kernels.qkv_rotary import norm_linear_rotary, norm_linear_rotary_reference
-from tests.kernels.test_fused import (DEVICE, POISON, TOL, cos_sin, gpu_only, poisoned_pool, randn,
+from vegas_core.kernels.fused import rotary_qkv
+from vegas_core.kernels.fused_linear import norm_linear
+from vegas_core.kernels.qkv_rotary import norm_linear_rotary, norm_linear_rotary_reference
+from tests.vegas_core.kernels.test_fused import (DEVICE, POISON, TOL, cos_sin, gpu_only, poisoned_pool, randn,
                                       shuffled_slots)
 
 # (rows, heads, kv_heads, head_dim, K, block_size, num_blocks): GQA ratios 1, 3 and 4; half a head

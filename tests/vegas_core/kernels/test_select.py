@@ -16,11 +16,11 @@ import os
 import pytest
 import torch
 
-from kernels.select import (quest_page_scores, quest_page_scores_reference, quest_positions,
+from vegas_core.kernels.select import (quest_page_scores, quest_page_scores_reference, quest_positions,
                             quest_positions_reference, quest_sizes, selection_scores,
                             selection_scores_reference, topk_positions, update_page_bounds)
-from kernels.verify_attention import collected_rows, verify_attention_reference
-from tests.kernels.paged import shuffled_tables
+from vegas_core.kernels.verify_attention import collected_rows, verify_attention_reference
+from tests.vegas_core.kernels.paged import shuffled_tables
 from vegas_core.spec.select import (quest_page_bounds, quest_scores, quest_select,
                                     select_from_logits)
 
@@ -340,7 +340,7 @@ def test_quest_no_complete_page_anywhere(positions):
 
 def test_select_layers_equals_per_layer_selection():
     """One top-k over every layer's scores = each layer's own selection_scores + topk_positions."""
-    from kernels.select import select_layers, selection_scores, topk_positions
+    from vegas_core.kernels.select import select_layers, selection_scores, topk_positions
     g = torch.Generator().manual_seed(11)
     rows, heads, kvh, n = 5, 6, 3, 48     # wider than every base: n_keys=40 scores less
     collected = []
@@ -366,7 +366,7 @@ def test_select_layers_equals_per_layer_selection():
 def test_select_layers_launch_sizes_choose_the_same(monkeypatch, score_launch, topk_launch):
     """Other position tiles / chunks and warps (kernels.select.SCORE_LAUNCH, TOPK_LAUNCH: what
     `bench e2e --select-launch` sets) give the engine's positions, ties included."""
-    import kernels.select as select
+    import vegas_core.kernels.select as select
     g = torch.Generator().manual_seed(12)
     rows, heads, kvh, n, layers = 6, 6, 3, 70, 2
     values = torch.tensor([-2.0, 0.0, 0.5, 3.0])     # few distinct values: many exact ties
@@ -387,7 +387,7 @@ def test_radix_topk_equals_torch_topk_over_packed_keys():
     """The radix select against torch.topk over the int64 (score bits, reversed position) keys
     it replaced: rows of 2,500 positions (three 1,024-key chunks) full of exact ties, negative and
     positive scores, -inf and both zeros; budgets 0, 1, 7, all ties of a value, every position."""
-    from kernels.select import _topk_sorted, radix_topk
+    from vegas_core.kernels.select import _topk_sorted, radix_topk
     g = torch.Generator().manual_seed(5)
     batch, layers, groups, n = 5, 2, 2, 2500
     values = torch.tensor([-3.5, -1.0, -0.0, 0.0, 0.25, 2.0, float("-inf"), 7.0])
@@ -408,7 +408,7 @@ def test_radix_topk_equals_torch_topk_over_packed_keys():
 def test_select_layers_breaks_ties_by_position():
     """Exactly equal scores (repeated keys) keep the lower positions; negative and positive
     log-weights order as floats do (the packed int64 keys the top-k runs on)."""
-    from kernels.select import select_layers
+    from vegas_core.kernels.select import select_layers
     n = 12
     logits = torch.tensor([0.0, 2.0, 2.0, -1.0, 2.0, 5.0, -3.0, 5.0, 1.0, 0.5, 2.0, 4.0])
     logits = logits.view(1, 1, 1, n).to(torch.bfloat16).to(DEVICE)                # [L, R, H, N]

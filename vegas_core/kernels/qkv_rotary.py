@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from .fused import _need_triton, _rotate_rounded, rotary_qkv_reference, tl, triton
+from .fused import _need_triton, rotary_qkv_reference, tl, triton
 from .fused_linear import _check, config_for, norm_linear_reference
 from .pdl import launch_options
 
-if triton is not None:
+if triton is not None:   # the kernel's device helpers exist only where Triton is installed
+    from .fused import _rotate_rounded
     from .fused_linear import row_inv_rms, x_tile
     from .pdl import pdl_wait
 

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from kernels.argmax import argmax_rows, argmax_rows_reference
+from vegas_core.kernels.argmax import argmax_rows, argmax_rows_reference
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"
 

@@ -17,10 +17,10 @@ import os
 import pytest
 import torch
 
-import kernels.sparse_attention as sparse_module
-from kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
-from kernels.split_merge import arrival_counters
-from tests.kernels.paged import shuffled_tables
+import vegas_core.kernels.sparse_attention as sparse_module
+from vegas_core.kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
+from vegas_core.kernels.split_merge import arrival_counters
+from tests.vegas_core.kernels.paged import shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
 from vegas_core.spec.views import FixedSelection
@@ -244,7 +244,7 @@ def test_packed_is_close_to_the_per_kv_head_programs_on_gpu(dtype):
 def test_split_count_fills_about_one_wave_of_resident_programs():
     """The device rule behind `_auto_splits` (and `bench sass`'s offline launches): about 6
     programs an SM at head dim 64 (4 above), at least two tiles of the index capacity a split."""
-    from kernels.sparse_attention import split_count
+    from vegas_core.kernels.sparse_attention import split_count
     assert split_count(64, 1, 8192, 32, 64, 132) == 12     # packed, the CUDA graphs' 12 at batch 64
     assert split_count(64, 3, 8192, 32, 64, 132) == 4      # a program per KV head
     assert split_count(64, 8, 8192, 32, 128, 132) == 1     # 512 programs already fill the GPU

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels.fused import (add_rms_norm, add_rms_norm_reference, rotary_qkv, rotary_qkv_reference,
+from vegas_core.kernels.fused import (add_rms_norm, add_rms_norm_reference, rotary_qkv, rotary_qkv_reference,
                            silu_mul, silu_mul_reference)
 from vegas_core.rope import apply_rotary
 

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from kernels.fused_linear import (DEFAULT_CONFIG, linear_add, linear_add_reference, norm_linear,
+from vegas_core.kernels.fused_linear import (DEFAULT_CONFIG, linear_add, linear_add_reference, norm_linear,
                                   norm_linear_reference)
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from kernels.sampling import race, race_reference, sample_rows, sample_rows_reference
+from vegas_core.kernels.sampling import race, race_reference, sample_rows, sample_rows_reference
 from vegas_core.random_streams import DRAFT, TOKEN, stream_key, uniforms
 
 # CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.

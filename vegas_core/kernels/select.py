@@ -82,7 +82,8 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
 
-from .sort import sort_rows
+if triton is not None:   # a device helper, only where Triton is installed
+    from .sort import sort_rows
 
 GRANULARITIES = ("layer", "kv-head")
 
@@ -643,7 +644,7 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    from kernels import select_fused
+    from vegas_core.kernels import select_fused
     if fused is None:
         fused = FUSED_SELECT and logits.shape[-1] <= select_fused.MAX_KEYS
     if fused:

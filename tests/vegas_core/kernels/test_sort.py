@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.sort import sort_rows
+from vegas_core.kernels.sort import sort_rows
 
 DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"
 

@@ -13,10 +13,10 @@ import os
 import pytest
 import torch
 
-from kernels.verify_attention import (collected_row_slots, collected_rows, default_num_splits,
+from vegas_core.kernels.verify_attention import (collected_row_slots, collected_rows, default_num_splits,
                                       verify_attention, verify_attention_into,
                                       verify_attention_reference)
-from tests.kernels.paged import shuffled_tables
+from tests.vegas_core.kernels.paged import shuffled_tables
 from vegas_core.attention.reference import causal_mask, dense_scores, weighted_values
 
 # CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.
@@ -161,7 +161,7 @@ def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed(collect
     including a split with no keys (ctx 5 over 4 splits of 16-key tiles), the shared arrival
     counters zero again after the call, and the same bits from both merges (a collecting path
     may merge the other way: collecting must not change the output) and on a second call."""
-    from kernels.split_merge import arrival_counters
+    from vegas_core.kernels.split_merge import arrival_counters
     args = make_case([1, 2, 8, 17], [5, 40, 37, 70], 9, 3, 16, seed=5)
     ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect=collect)
     results = []
@@ -182,7 +182,7 @@ def test_launch_config_caps_registers_only_where_measured_to_pay():
     """The H200 measurements behind launch_config: C2Q's register cap helps tiles of up to 32 rows
     and spills on 64 (12-16 rows), which keep the merge kernel and no cap; the main-tile path is
     never capped; without collection head dim 128 keeps the merge kernel."""
-    from kernels.verify_attention import launch_config
+    from vegas_core.kernels.verify_attention import launch_config
     assert launch_config(2, 64, 32).max_registers == 168 and launch_config(2, 64, 32).fused_merge
     assert launch_config(2, 128, 16).max_registers == 128
     for dim in (64, 128):
@@ -203,7 +203,7 @@ def test_default_launches_collect_without_changing_the_output(heads, kv_heads, h
     """At the launches the engine takes (no tile, split or merge given), every collection mode
     gives the no-collection bits: the paths of a head dim share the key tile (the online softmax
     rounds at tile boundaries), the masks, and the merge arithmetic."""
-    from kernels.verify_attention import launch_config
+    from vegas_core.kernels.verify_attention import launch_config
     args = make_case([q_rows] * 3, [300, 517, 77], heads, kv_heads, head_dim, seed=23)
     base_out, base_lse, _ = verify_attention(*args, collect="none", num_splits=3)
     rows = [0, 3 * q_rows - 1]
@@ -237,8 +237,8 @@ def test_block_table_entries_loaded_ahead_give_the_same_bits(unmasked):
 
 def test_one_row_launch_loads_pages_ahead_only_where_measured(monkeypatch):
     """Run 49: one tile ahead over 3 stages sped the one-row call at head dim 64 and nothing else."""
-    import kernels.verify_attention as va
-    from kernels.verify_attention import launch_config
+    import vegas_core.kernels.verify_attention as va
+    from vegas_core.kernels.verify_attention import launch_config
     one = launch_config(0, 64, 16, q_rows=1)
     assert (one.page_ahead, one.num_stages) == (1, 3)
     for cfg in (launch_config(0, 64, 16, q_rows=2), launch_config(0, 128, 16, q_rows=1),

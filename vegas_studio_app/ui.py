@@ -1,0 +1,212 @@
+"""Vegas Studio's page: the layout and its event wiring (behaviour is in the modules beside it).
+
+    vegas-studio [--model PATH] [--device cpu|cuda] [--host 127.0.0.1] [--port 7860] [--no-model]
+(from a clone: python app.py ...)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import gradio as gr
+
+from vegas_core.spec import GRANULARITIES, METHODS
+from vegas_studio_app.api import make_api
+from vegas_studio_app.studio import MAX_UPLOAD_BYTES, Studio
+from vegas_studio_app.worker import EngineWorker
+from visualizations.tokens import STREAM_CSS
+
+# System fonts only: the page must not reach for web fonts (offline machines, headless tests).
+THEME = gr.themes.Default(font=["ui-sans-serif", "system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+ENGINE = "engine"   # concurrency id shared by every event that puts requests into the one engine
+
+CSS = STREAM_CSS + """
+#token-stream { min-height: 120px; }
+#token-stream.show-rejected .vs-rejected { display: inline; }
+.vs-compare table { border-collapse: collapse; font-size: 13px; }
+.vs-compare td, .vs-compare th { border: 1px solid #dee2e6; padding: 3px 6px; vertical-align: top; }
+"""
+RESET_PAUSE_JS = "() => 'Pause'"
+TOGGLE_REJECTED_JS = """(show) => { const el = document.querySelector('#token-stream');
+  if (el) { el.classList.toggle('show-rejected', show); } return show; }"""
+
+
+def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
+    eng = dict(concurrency_id=ENGINE, concurrency_limit=concurrency)
+    with gr.Blocks(title="Vegas Studio") as demo:
+        gr.Markdown("# Vegas Studio\nSelf-speculative decoding with verification-guided sparse attention, "
+                    "running on a real model. Every number is measured by the engine below.")
+        status = gr.Markdown(elem_id="engine-status")
+        timer = gr.Timer(1.0)
+
+        with gr.Tab("Generate", id="generate"):
+            with gr.Row():
+                with gr.Column(scale=3):
+                    prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",
+                                        value="Explain in two sentences why the sky is blue.")
+                    with gr.Row():
+                        chat = gr.Checkbox(value=True, label="Chat template", elem_id="chat")
+                        show_rejected = gr.Checkbox(value=False, label="Show rejected drafts", elem_id="show-rejected")
+                    with gr.Row():
+                        generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
+                        stop_btn = gr.Button("Stop", variant="stop", elem_id="stop-btn")
+                        pause_btn = gr.Button("Pause", elem_id="pause-btn")
+                        step_btn = gr.Button("Step", elem_id="step-btn")
+                with gr.Column(scale=2):
+                    method = gr.Dropdown(list(METHODS), value="vegas", label="Method", elem_id="method")
+                    with gr.Row():
+                        gamma = gr.Slider(1, 16, value=4, step=1, label="gamma (drafts per iteration)", elem_id="gamma")
+                        sparsity = gr.Slider(0.01, 1.0, value=0.07, step=0.01, label="sparsity (kept fraction)",
+                                             elem_id="sparsity")
+                    with gr.Row():
+                        min_budget = gr.Number(value=16, precision=0, minimum=0, label="min budget (paper: 256)",
+                                               elem_id="min-budget")
+                        granularity = gr.Dropdown(list(GRANULARITIES), value="layer", label="selection granularity")
+                        record_recall = gr.Checkbox(value=False, label="record recall (slower)")
+                    with gr.Accordion("Sampling", open=False):
+                        with gr.Row():
+                            temperature = gr.Slider(0, 2, value=0, step=0.05, label="temperature (0 = greedy)",
+                                                    elem_id="temperature")
+                            top_p = gr.Slider(0.01, 1, value=1, step=0.01, label="top-p")
+                        with gr.Row():
+                            top_k = gr.Number(value=0, precision=0, minimum=0, label="top-k (0 = off)")
+                            seed = gr.Number(value=None, precision=0, label="seed (blank = random)")
+                    max_tokens = gr.Slider(1, 1024, value=64, step=1, label="max tokens", elem_id="max-tokens")
+            counters = gr.HTML(elem_id="counters")
+            stream = gr.HTML(elem_id="token-stream")
+            gr.Markdown("**Step-through** — Pause holds the request in the engine (its KV pages kept, other users' "
+                        "requests go on); Step then runs exactly one more iteration and shows its draft, verify, "
+                        "accept and select stages; Resume lets it run on. After a run (or for an uploaded trace), "
+                        "Step walks through the recorded iterations from the first one.")
+            stages = gr.HTML(elem_id="stages")
+
+        with gr.Tab("KV selection", id="kv"):
+            with gr.Row():
+                kv_request = gr.Dropdown([], label="request", elem_id="kv-request", allow_custom_value=True)
+                kv_iter = gr.Slider(0, 1, value=0, step=1, label="iteration", elem_id="kv-iteration")
+                kv_start = gr.Slider(0, 1, value=0, step=1, label="zoom window start", elem_id="kv-start")
+                kv_width = gr.Slider(16, 512, value=128, step=16, label="zoom window width")
+            kv_overview = gr.Plot(label="Selection overview (whole context, binned)", elem_id="kv-overview")
+            kv_zoom = gr.Plot(label="Selection zoom (full resolution)", elem_id="kv-zoom")
+            gr.Markdown("**Context coloured by how many layers selected each token**")
+            kv_prompt = gr.HTML(elem_id="kv-prompt")
+            kv_recall = gr.Plot(label="Attention recall per layer", elem_id="kv-recall")
+
+        with gr.Tab("Acceptance", id="acceptance"):
+            acc_pos = gr.Plot(label="Per-position acceptance", elem_id="acc-position")
+            with gr.Row():
+                acc_hist = gr.Plot(label="Accepted drafts per iteration", elem_id="acc-hist")
+                acc_run = gr.Plot(label="Running mean acceptance length", elem_id="acc-running")
+
+        with gr.Tab("Overhead", id="overhead"):
+            overhead_note = gr.Markdown(elem_id="overhead-note")
+            overhead_plot = gr.Plot(label="Logit-collection overhead", elem_id="overhead-plot")
+            throughput_plot = gr.Plot(label="End-to-end throughput per method", elem_id="throughput-plot")
+            breakdown_plot = gr.Plot(label="Iteration breakdown per method", elem_id="breakdown-plot")
+
+        with gr.Tab("Compare", id="compare"):
+            gr.Markdown("Runs the Generate tab's prompt (and gamma, sparsity, budget) through vanilla and each "
+                        "chosen method, one after another. At temperature 0 the outputs must be identical.")
+            with gr.Row():
+                cmp_methods = gr.CheckboxGroup([m for m in METHODS if m != "vanilla"],
+                                               value=[m for m in METHODS if m != "vanilla"],
+                                               label="methods (vanilla always runs)", elem_id="cmp-methods")
+                cmp_temp = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
+                cmp_tokens = gr.Slider(1, 512, value=32, step=1, label="max tokens", elem_id="cmp-max-tokens")
+            with gr.Row():
+                cmp_btn = gr.Button("Run compare", variant="primary", elem_id="compare-btn")
+                cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
+            cmp_status = gr.Markdown(elem_id="compare-status")
+            cmp_table = gr.HTML(elem_id="compare-table")
+
+        with gr.Tab("Export / Replay", id="export"):
+            with gr.Row():
+                export_btn = gr.Button("Export trace, timeline and tables", elem_id="export-btn")
+                figures_btn = gr.Button("Export figures", elem_id="figures-btn")
+            export_note = gr.Markdown(elem_id="export-note")
+            export_files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="export-files")
+            gr.Markdown(f"**Replay** — upload a trace JSON (≤ {MAX_UPLOAD_BYTES // (1024 * 1024)} MB), e.g. one "
+                        "recorded on a GPU machine; every view then shows it, no model needed.")
+            upload = gr.File(label="Upload a trace", file_types=[".json"], type="filepath", elem_id="upload")
+            replay_status = gr.Markdown(elem_id="replay-status")
+
+        # -- wiring ------------------------------------------------------------------------------
+        views = [kv_request, kv_iter, kv_start, kv_overview, kv_zoom, kv_prompt, kv_recall,
+                 acc_pos, acc_hist, acc_run, breakdown_plot]
+        gen_outputs = [stream, counters, stages]
+        kv_inputs = [kv_request, kv_iter, kv_start, kv_width]
+        kv_outputs = [kv_overview, kv_zoom, kv_prompt, kv_recall]
+
+        demo.load(studio.status, outputs=[status, timer], queue=False)
+        demo.load(studio.overhead, outputs=[overhead_plot, overhead_note, throughput_plot], queue=False)
+        timer.tick(studio.status, outputs=[status, timer], queue=False)
+
+        gen_inputs = [prompt, chat, method, gamma, sparsity, min_budget, granularity, record_recall,
+                      temperature, top_p, top_k, seed, max_tokens]
+        gen = generate_btn.click(studio.generate, gen_inputs, gen_outputs, api_name="generate", **eng)
+        prompt.submit(studio.generate, gen_inputs, gen_outputs, api_visibility="private", **eng) \
+            .then(studio.refresh_views, outputs=views, api_visibility="private")
+        gen.then(studio.refresh_views, outputs=views, api_visibility="private")
+        stop_btn.click(studio.stop, queue=False, api_name="stop")
+        pause_btn.click(studio.pause, pause_btn, [pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        for starts in (generate_btn.click, prompt.submit, upload.upload):   # a new run starts unpaused
+            starts(None, None, pause_btn, js=RESET_PAUSE_JS)
+        step_btn.click(studio.step, outputs=[pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        show_rejected.change(None, show_rejected, None, js=TOGGLE_REJECTED_JS)
+
+        for ctl in (kv_request, kv_iter, kv_start):
+            ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last")
+        kv_width.release(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private")
+
+        cmp_inputs = [prompt, chat, cmp_methods, gamma, sparsity, min_budget, granularity, cmp_temp, cmp_tokens]
+        cmp_btn.click(studio.compare, cmp_inputs, [cmp_table, cmp_status], api_name="compare", **eng) \
+            .then(studio.refresh_views, outputs=views, api_visibility="private")
+        cmp_stop.click(studio.stop, queue=False, api_visibility="private")
+
+        export_btn.click(studio.export, outputs=[export_files, export_note], api_visibility="private")
+        figures_btn.click(studio.export_figures, kv_inputs, [export_files, export_note], api_visibility="private",
+                          concurrency_id="figures", concurrency_limit=1)
+        upload.upload(studio.replay, upload, [replay_status, *gen_outputs, upload], api_visibility="private") \
+            .then(studio.refresh_views, outputs=views, api_visibility="private")
+
+        stream_tokens, pool = make_api(studio)
+        gr.api(stream_tokens, api_name="stream_tokens", **eng)
+        gr.api(pool, api_name="pool", queue=False)
+    return demo
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Vegas Studio")
+    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
+    p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--concurrency", type=int, default=8, help="requests streaming at once (one engine batch)")
+    p.add_argument("--queue-size", type=int, default=16, help="requests waiting beyond that; more are told busy")
+    p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
+                   help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
+    p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
+    args = p.parse_args(argv)
+
+    worker = None
+    if args.device == "cuda" and not args.no_model:
+        import torch
+        if not torch.cuda.is_available():
+            print("error: --device cuda was asked for, but no CUDA GPU is available", file=sys.stderr)
+            return 2
+    if not args.no_model:
+        worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
+                              attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
+        print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
+    studio = Studio(worker)
+    demo = build_ui(studio, args.concurrency)
+    demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
+    demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,
+                footer_links=["api"], css=CSS, theme=THEME, show_error=False, quiet=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
