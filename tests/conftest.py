@@ -61,7 +61,7 @@ def default_model():
 def engine(default_model):
     """A CPU fp32 engine on the embedded model (tests must leave it idle)."""
     from vegas_core.engine import Engine
-    from vegas_core.engine_core import EngineOptions
+    from vegas_core.options import EngineOptions
     return Engine(device="cpu", dtype="float32", loaded=default_model,
                   options=EngineOptions(max_prefill_tokens=2048, max_num_seqs=128, trace=True,
                                         kv_cache_bytes=3 << 30))

@@ -1,4 +1,4 @@
-"""`python -m vegas_core generate ...`: stream a generation to the terminal, or print one JSON object.
+"""`vegas generate ...` (or `python -m vegas_core generate ...`): stream a generation to the terminal, or print one JSON object.
 
 Every refused input ends with one line on stderr and exit status 2, never a traceback."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .spec import GRANULARITIES, METHODS, SpecParams
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m vegas_core", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="vegas", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="generate text from a prompt")
     g.add_argument("--prompt", required=True, help="the prompt text")
@@ -55,7 +55,7 @@ def _params(args) -> tuple[SamplingParams, SpecParams]:
 
 def generate(args) -> int:
     from .engine import Engine
-    from .engine_core import EngineOptions
+    from .options import EngineOptions
     from .trace import save_trace
     from .trace_builder import build_trace
 

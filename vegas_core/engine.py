@@ -14,7 +14,8 @@ from typing import Iterator
 
 import torch
 
-from .engine_core import EngineCore, EngineOptions, StepOutput
+from .engine_core import EngineCore, StepOutput
+from .options import EngineOptions
 from .errors import InvalidRequestError
 from .loader import load_model
 from .request import Request

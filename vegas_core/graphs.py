@@ -514,7 +514,8 @@ class GraphRunner:
             if key.kind != "dense":
                 self._qhist[:, :probs.shape[0]].index_copy_(0, step, probs[None])
         else:   # the first index of the largest logit either way (kernels/argmax.py)
-            nxt = argmax_rows(logits) if self.runner.kernels else logits.argmax(dim=-1)
+            nxt = argmax_rows(logits, pdl=self.runner.options.kernels.pdl) if self.runner.kernels \
+                else logits.argmax(dim=-1)
         self._hist[:, :nxt.shape[0]].index_copy_(0, step, nxt[None])
         v["ids"].copy_(nxt)
         for name in ("pos", "seq_lens", "ctx64", "step"):

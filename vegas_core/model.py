@@ -4,13 +4,15 @@ dict fits with `load_state_dict(strict=True)`. Attention goes through a backend 
 
 Contract: `CausalLM.forward(input_ids [T], positions [T], pool, meta, logit_rows [R] | None,
 seq_lens [T] | None)` writes the new tokens' K/V into the pool and returns logits [R, vocab] float32
-for the requested rows (all rows when None). With `CausalLM.fused_ops` (the GPU path) the same maths
-runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits; and
-forwards of up to `fused_linear_rows` rows run their projections through `kernels/fused_linear.py`
-with the norms, SiLU * up and residual adds inside them (the same roundings around the products,
-whose own reduction order is Triton's, not cuBLAS's).
+for the requested rows (all rows when None). Built with `KernelOptions` (the GPU path), the same
+maths runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits;
+and forwards of up to `fused_linear_rows` rows run their projections through
+`kernels/fused_linear.py` with the norms, SiLU * up and residual adds inside them (the same
+roundings around the products, whose own reduction order is Triton's, not cuBLAS's).
 """
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +25,22 @@ from vegas_core.kernels.qkv_rotary import norm_linear_rotary
 from .attention import AttentionMetadata
 from .config import ModelConfig
 from .kv_cache import KVPool
+from .options import KernelOptions
 from .rope import RotaryEmbedding, apply_rotary
+
+
+class FusedOps:
+    """The GPU path's layer kernels with the launch options bound, so the layers call them
+    without knowing the options."""
+
+    def __init__(self, options: KernelOptions):
+        pdl = options.pdl
+        self.add_rms_norm = partial(add_rms_norm, pdl=pdl)
+        self.rotary_qkv = partial(rotary_qkv, pdl=pdl)
+        self.silu_mul = partial(silu_mul, pdl=pdl)
+        self.norm_linear = partial(norm_linear, pdl=pdl)
+        self.linear_add = partial(linear_add, pdl=pdl)
+        self.norm_linear_rotary = partial(norm_linear_rotary, pdl=pdl)
 
 
 class RMSNorm(nn.Module):
@@ -76,12 +93,12 @@ class Attention(nn.Module):
         o = backend.forward(self.layer, q, k, v, pool, meta)
         return self.o_proj(o.reshape(t, -1))
 
-    def forward_fused(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
+    def forward_fused(self, x, cos, sin, backend, pool: KVPool, meta: AttentionMetadata, ops: FusedOps):
         """`forward` with one kernel for the rotary and the pool write (`attend_fused`)."""
         qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
-        return self.o_proj(self.attend_fused(qkv, cos, sin, backend, pool, meta))
+        return self.o_proj(self.attend_fused(qkv, cos, sin, backend, pool, meta, ops))
 
-    def attend_fused(self, qkv, cos, sin, backend, pool: KVPool, meta: AttentionMetadata):
+    def attend_fused(self, qkv, cos, sin, backend, pool: KVPool, meta: AttentionMetadata, ops: FusedOps):
         """Attention from the projected qkv [T, (H + 2 KVH) d] to o [T, H d], before o_proj;
         cos/sin [T, head_dim]. The rotary and the pool write are one kernel; Qwen3's per-head
         q/k RMSNorm is fused into it too (before the rotation, with RMSNorm's roundings), so no
@@ -89,7 +106,7 @@ class Attention(nn.Module):
         in the pool already."""
         c = self.cfg
         norms = (self.q_norm.weight, self.k_norm.weight) if c.qk_norm else (None, None)
-        q = rotary_qkv(qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, pool.k[self.layer],
+        q = ops.rotary_qkv(qkv, cos, sin, c.num_heads, c.num_kv_heads, c.head_dim, pool.k[self.layer],
                        pool.v[self.layer], meta.slot_mapping, *norms, c.rms_norm_eps)
         o = backend.forward(self.layer, q, None, None, pool, meta)
         return o.reshape(qkv.shape[0], -1)
@@ -109,8 +126,8 @@ class MLP(nn.Module):
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
-    def forward_fused(self, x):
-        return self.down_proj(silu_mul(F.linear(x, self.gate_up_weight)))
+    def forward_fused(self, x, ops: FusedOps):
+        return self.down_proj(ops.silu_mul(F.linear(x, self.gate_up_weight)))
 
 
 def _fuse(params: list[nn.Parameter]) -> torch.Tensor:
@@ -135,17 +152,17 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, backend, pool, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def forward_fused(self, delta, residual, cos, sin, backend, pool, meta):
+    def forward_fused(self, delta, residual, cos, sin, backend, pool, meta, ops: FusedOps):
         """The residual stream carried as (delta, residual) with each add done inside the next
         RMSNorm kernel: the stream is `delta + residual` (just `delta`, the embeddings, when
         residual is None). Returns this layer's (mlp output, stream before adding it)."""
         ln_in, ln_post = self.input_layernorm, self.post_attention_layernorm
-        h, residual = add_rms_norm(delta, ln_in.weight, ln_in.eps, residual)
-        attn = self.self_attn.forward_fused(h, cos, sin, backend, pool, meta)
-        h, residual = add_rms_norm(attn, ln_post.weight, ln_post.eps, residual)
-        return self.mlp.forward_fused(h), residual
+        h, residual = ops.add_rms_norm(delta, ln_in.weight, ln_in.eps, residual)
+        attn = self.self_attn.forward_fused(h, cos, sin, backend, pool, meta, ops)
+        h, residual = ops.add_rms_norm(attn, ln_post.weight, ln_post.eps, residual)
+        return self.mlp.forward_fused(h, ops), residual
 
-    def forward_fused_linear(self, hidden, cos, sin, backend, pool, meta,
+    def forward_fused_linear(self, hidden, cos, sin, backend, pool, meta, ops: FusedOps,
                              rotary_epilogue: bool = True):
         """The layer in five launches besides attention (`kernels/fused_linear.py`): each
         RMSNorm is its projection's prologue, SiLU * up the gate/up product's epilogue, and the
@@ -157,17 +174,17 @@ class DecoderLayer(nn.Module):
         attn, mlp = self.self_attn, self.mlp
         c = attn.cfg
         if rotary_epilogue:
-            q = norm_linear_rotary(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight,
+            q = ops.norm_linear_rotary(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight,
                                    attn.qkv_bias, cos, sin, c.num_heads, c.num_kv_heads,
                                    c.head_dim, pool.k[attn.layer], pool.v[attn.layer],
                                    meta.slot_mapping)
             o = backend.forward(attn.layer, q, None, None, pool, meta).reshape(hidden.shape[0], -1)
         else:
-            qkv = norm_linear(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight, attn.qkv_bias)
-            o = attn.attend_fused(qkv, cos, sin, backend, pool, meta)
-        linear_add(o, attn.o_proj.weight, hidden, attn.o_proj.bias)
-        act = norm_linear(hidden, ln_post.weight, ln_post.eps, mlp.gate_up_weight, silu_mul=True)
-        return linear_add(act, mlp.down_proj.weight, hidden)
+            qkv = ops.norm_linear(hidden, ln_in.weight, ln_in.eps, attn.qkv_weight, attn.qkv_bias)
+            o = attn.attend_fused(qkv, cos, sin, backend, pool, meta, ops)
+        ops.linear_add(o, attn.o_proj.weight, hidden, attn.o_proj.bias)
+        act = ops.norm_linear(hidden, ln_post.weight, ln_post.eps, mlp.gate_up_weight, silu_mul=True)
+        return ops.linear_add(act, mlp.down_proj.weight, hidden)
 
 
 class Backbone(nn.Module):
@@ -179,35 +196,28 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """`backend`: the attention backend (`attention/`). `kernels`: the GPU path's options; with them
+    Triton kernels fuse the residual adds into the RMSNorms, rotary + pool write, and SiLU * up
+    (same maths, far fewer launches); None: plain PyTorch ops."""
+
+    def __init__(self, cfg: ModelConfig, backend=None, kernels: KernelOptions | None = None):
         super().__init__()
         self.config = cfg
         self.model = Backbone(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryEmbedding(cfg)
-        self.backend = None  # set by the model runner
-        # The GPU path (set by the model runner there): Triton kernels fuse the residual adds into
-        # the RMSNorms, rotary + pool write, and SiLU * up; same maths, far fewer launches.
-        self.fused_ops: bool = False
-        # Within the fused path, forwards of up to this many rows (decode and draft steps of up to
-        # 128 requests) also run the projections in Triton with the norms, SiLU * up and residual
-        # adds fused into them: 10 % off a layer's projections at 64 rows in isolation, and with
-        # programmatic dependent launch (kernels/pdl.py) vegas +3.9 % end to end on the H200
-        # (bench/NOTES.md version 37). Longer ones (verification, prefill) keep cuBLAS's, faster
-        # there (at 576 rows the Triton products took 1.2-2x as long). Raising it to cover the
-        # verification makes a row's products the same whatever the batch: greedy output matched
-        # vanilla's more often, 1.6 % slower.
-        self.fused_linear_rows: int = 128
-        # Within those forwards, the rotary and the KV-pool write as the qkv product's epilogue
-        # (one launch a layer fewer; bench/NOTES.md version 42). False: the rotary kernel.
-        self.rotary_epilogue: bool = True
+        self.backend = backend
+        self.ops = FusedOps(kernels) if kernels is not None else None
+        # Decode and draft steps (up to this many rows) also run the projections in Triton with
+        # the norms, SiLU * up and residual adds inside; verification and prefill keep cuBLAS's,
+        # faster at hundreds of rows.
+        self.fused_linear_rows = kernels.fused_linear_rows if kernels is not None else 0
 
     def rotary_in_qkv(self) -> bool:
         """Whether decode and draft steps (the fused projections' forwards) run the rotary and the
-        pool write inside the qkv product: `rotary_epilogue` asks for it, and it needs the fused
-        path, fused projections and no per-head q/k norm (Qwen3's stays in the rotary kernel)."""
-        return bool(self.rotary_epilogue and self.fused_ops and self.fused_linear_rows
-                    and not self.config.qk_norm)
+        pool write inside the qkv product: it needs the fused projections and no per-head q/k norm
+        (Qwen3's stays in the rotary kernel)."""
+        return bool(self.ops is not None and self.fused_linear_rows and not self.config.qk_norm)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
@@ -236,7 +246,7 @@ class CausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         # Shaped and cast once for all layers: [T, 1, head_dim] in the activation dtype.
         cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-        if self.fused_ops:
+        if self.ops is not None:
             return self._forward_fused(x, cos[:, 0], sin[:, 0], pool, meta, logit_rows)
         for layer in self.model.layers:
             x = layer(x, cos, sin, self.backend, pool, meta)
@@ -250,20 +260,20 @@ class CausalLM(nn.Module):
         element-wise, so picking first gives the same rows). Up to `fused_linear_rows` rows,
         through `DecoderLayer.forward_fused_linear` instead (the stream then needs no last add;
         the head stays cuBLAS's, faster than the Triton product for a 49K vocabulary)."""
-        norm = self.model.norm
+        norm, ops = self.model.norm, self.ops
         if x.shape[0] <= self.fused_linear_rows:
             hidden = x          # the embeddings, a new tensor: updated in place from here on
             rotary_in_qkv = self.rotary_in_qkv()
             for layer in self.model.layers:
-                hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta,
+                hidden = layer.forward_fused_linear(hidden, cos, sin, self.backend, pool, meta, ops,
                                                     rotary_in_qkv)
             if logit_rows is not None:
                 hidden = hidden[logit_rows]
-            return self.lm_head(add_rms_norm(hidden, norm.weight, norm.eps)[0])
+            return self.lm_head(ops.add_rms_norm(hidden, norm.weight, norm.eps)[0])
         delta, residual = x, None
         for layer in self.model.layers:
-            delta, residual = layer.forward_fused(delta, residual, cos, sin, self.backend, pool, meta)
+            delta, residual = layer.forward_fused(delta, residual, cos, sin, self.backend, pool, meta, ops)
         if logit_rows is not None:
             delta = delta[logit_rows]
             residual = None if residual is None else residual[logit_rows]
-        return self.lm_head(add_rms_norm(delta, norm.weight, norm.eps, residual)[0])
+        return self.lm_head(ops.add_rms_norm(delta, norm.weight, norm.eps, residual)[0])

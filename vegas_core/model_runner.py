@@ -14,6 +14,7 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool, slot_index
 from .model import CausalLM
+from .options import ATTENTION_CHOICES, EngineOptions, KernelOptions
 
 
 @dataclass
@@ -27,9 +28,6 @@ class BatchEntry:
     logits: str = "none"                  # "none", "last" or "all" rows of this entry
     device_drafts: int | None = None      # tokens[1:] are placeholders: the drafts are column
                                           # `device_drafts` of the last chain, still on the GPU
-
-
-ATTENTION_CHOICES = ("auto", "reference", "triton")
 
 
 def resolve_attention(choice: str, device: torch.device) -> str:
@@ -58,45 +56,43 @@ def _triton_available() -> bool:
     return True
 
 
-GRAPH_CHOICES = ("auto", "off", "static")
+def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                dtype: torch.dtype, backend, kernels: KernelOptions | None) -> CausalLM:
+    """The model on `device` in `dtype` (rotary frequencies stay float32), attending through
+    `backend`; `kernels`: the GPU path's fused kernels, None for plain PyTorch ops."""
+    model = CausalLM(config, backend, kernels)
+    model.load_weights(weights)
+    model = model.to(device=device, dtype=dtype).eval()
+    model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
+    model.rope.inv_freq = model.rope.inv_freq.float()
+    return model
 
 
 class ModelRunner:
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, num_blocks: int, block_size: int, attention: str = "auto",
-                 graphs: str = "auto", max_batch: int = 128):
+                 dtype: torch.dtype, num_blocks: int, options: EngineOptions | None = None):
+        options = options or EngineOptions()
         self.config, self.device, self.dtype = config, device, dtype
-        self.block_size = block_size
-        model = CausalLM(config)
-        model.load_weights(weights)
-        self.model = model.to(device=device, dtype=dtype).eval()
-        self.model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
-        self.model.rope.inv_freq = self.model.rope.inv_freq.float()
-        self.pool = KVPool(config, num_blocks, block_size, dtype, device)
-        self.attention = resolve_attention(attention, torch.device(device))
+        self.options = options
+        self.block_size = options.block_size
+        self.pool = KVPool(config, num_blocks, self.block_size, dtype, device)
+        self.attention = resolve_attention(options.attention, torch.device(device))
         self.page_bounds = None
         if self.attention == "triton":
             from .attention.kernel_backend import KernelBackend
             from .attention.page_bounds import PageBounds
             self.page_bounds = PageBounds(self.pool)
-            self.model.backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds)
-            self.model.fused_ops = True          # fused norms, rotary + pool write, SiLU * up
-            # Programmatic dependent launch for the Triton kernels of a step (kernels/pdl.py; a
-            # process-wide switch, read at launch and so at graph capture): with the fused
-            # projections it took vegas 28,926 -> 30,056 tokens/s on the H200
-            # (bench/results/e2e-2026-12-02-h200-run32-ab-*.json; bench/NOTES.md version 37).
-            from .kernels import pdl
-            pdl.ENABLED = True
+            backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds, options.kernels)
+            kernels = options.kernels
         else:
-            self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
-        self.graphs = self._graph_runner(graphs, max_batch)
+            backend, kernels = ReferenceBackend(scale=config.head_dim ** -0.5), None
+        self.model = build_model(config, weights, device, dtype, backend, kernels)
+        self.graphs = self._graph_runner(options.cuda_graphs, options.max_num_seqs)
 
     def _graph_runner(self, choice: str, max_batch: int):
         """CUDA graphs for decode-time forwards: "auto" captures them on a GPU with the kernels,
         "off" runs every forward eagerly (debugging), "static" runs the graphs' static buffers
         without capturing (how CPU tests check that path under Triton's interpreter)."""
-        if choice not in GRAPH_CHOICES:
-            raise InvalidRequestError(f"cuda_graphs must be one of {', '.join(GRAPH_CHOICES)}, got {choice!r}")
         if choice == "off" or not self.kernels or (choice == "auto" and self.device.type != "cuda"):
             return None
         from .graphs import GraphRunner

@@ -176,7 +176,7 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Vegas Studio")
+    p = argparse.ArgumentParser(prog="vegas-studio", description="Vegas Studio")
     p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
@@ -188,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
     p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
+    p.add_argument("--results-dir", default="bench/results",
+                   help="committed benchmark results the Overhead and Throughput views read "
+                        "(default: bench/results of the folder the app starts in)")
     args = p.parse_args(argv)
 
     worker = None
@@ -200,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
                               attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
-    studio = Studio(worker)
+    studio = Studio(worker, results_dir=args.results_dir)
     demo = build_ui(studio, args.concurrency)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,

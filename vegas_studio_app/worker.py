@@ -167,7 +167,7 @@ class EngineWorker:
                 self.engine = self._factory()
             else:
                 from vegas_core.engine import Engine
-                from vegas_core.engine_core import EngineOptions
+                from vegas_core.options import EngineOptions
                 self.engine = Engine(self.model, self.device, self.dtype,
                                      options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs,
                                                            attention=self.attention,

@@ -3,7 +3,7 @@ prompt alone (fp32, greedy), also when pages run out mid-batch and requests are 
 import pytest
 
 from vegas_core.engine import Engine
-from vegas_core.engine_core import EngineOptions
+from vegas_core.options import EngineOptions
 from vegas_core.sampling import SamplingParams
 
 PROMPTS = ["Hi", "What is the capital of France?", "Write a haiku about autumn leaves in the forest.",
@@ -89,7 +89,8 @@ def test_kv_pool_sizing():
     weights, less the activation reserve, and a clear error when nothing is left."""
     import torch
 
-    from vegas_core.engine_core import ACTIVATION_RESERVE, EngineOptions, kv_pool_bytes
+    from vegas_core.engine_core import ACTIVATION_RESERVE, kv_pool_bytes
+    from vegas_core.options import EngineOptions
     from vegas_core.errors import InvalidRequestError
 
     gpu, cpu = torch.device("cuda"), torch.device("cpu")

@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from vegas_core.engine_core import EngineCore, EngineOptions
+from vegas_core.engine_core import EngineCore
+from vegas_core.options import EngineOptions
 from vegas_core.graphs import bucket
 from vegas_core.loader import load_model
 from vegas_core.sampling import SamplingParams
@@ -139,7 +140,7 @@ def test_run_ahead_chains_give_the_same_tokens(tiny):
         assert tokens == ref_tokens
         if specs[0][0].speculative:       # (vanilla's steps differ: several per chain on graphs)
             assert accepted == ref_accepted and any(n for step in accepted for _, n in step)
-        assert core.run_ahead and not ref.run_ahead
+        assert core.overlap.enabled and not ref.overlap.enabled
         used, launched = core.chains["ahead_used"], core.chains["ahead"]
         assert 0 < used < launched, core.chains          # some used, some discarded
         # Draft chains launched behind the verification (acceptance on the device) and used.

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests.engine_helpers import run_forked
-from vegas_core.engine_core import EngineCore, EngineOptions
+from vegas_core.engine_core import EngineCore
+from vegas_core.options import EngineOptions
 from vegas_core.errors import InvalidRequestError
 from vegas_core.loader import load_model
 from vegas_core.sampling import SamplingParams

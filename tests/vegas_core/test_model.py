@@ -5,7 +5,8 @@ import torch
 
 from vegas_core.block_manager import BlockAllocator
 from vegas_core.loader import load_model
-from vegas_core.model_runner import BatchEntry, ModelRunner
+from vegas_core.model_runner import BatchEntry, ModelRunner, build_model
+from vegas_core.options import EngineOptions, KernelOptions
 
 TOL = 1e-4
 
@@ -79,7 +80,7 @@ def test_tiny_models_match_transformers(tmp_path, make_tiny_hf_model, case):
     path, hf = make_tiny_hf_model(tmp_path / case, arch, **overrides)
     loaded = load_model(path)
     runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
-                         num_blocks=32, block_size=4)
+                         num_blocks=32, options=EngineOptions(block_size=4))
     _compare(runner, hf, loaded.config.vocab_size)
 
 
@@ -103,27 +104,27 @@ def test_smollm2_gguf_matches_transformers(default_model):
     hf.load_state_dict(default_model.weights, strict=False)
     hf.tie_weights()
     hf.to(torch.float64)
-    runner = ModelRunner(c, default_model.weights, torch.device("cpu"), torch.float64, num_blocks=16, block_size=16)
+    runner = ModelRunner(c, default_model.weights, torch.device("cpu"), torch.float64, num_blocks=16)
     _compare(runner, hf, c.vocab_size, block_size=16, tol=1e-5)
 
 
 FUSED_CASES = [(case, attention, linear) for case in ("llama", "qwen3")
                for attention in ("reference", "triton") for linear in ("cublas", "fused-linear")]
-FUSED_CASES += [("qwen2", "reference", "fused-linear"), ("llama-bias", "reference", "fused-linear"),
-                ("llama", "reference", "fused-linear-rotary-kernel")]
+FUSED_CASES += [("qwen2", "reference", "fused-linear"), ("llama-bias", "reference", "fused-linear")]
 
 
 @pytest.mark.parametrize("case, attention, linear", FUSED_CASES)
 def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, linear):
-    """`CausalLM.fused_ops` (the Triton kernels of kernels/fused.py, here under the interpreter:
+    """The model built with `KernelOptions` (the Triton kernels of kernels/fused.py, here under the interpreter:
     residual adds inside the RMSNorms, q/k norm + rotary + pool write in one kernel, SiLU * up)
     gives the unfused path's logits and KV pool within 1e-5 in fp32: prefill, then decode steps
     through the paged cache, with either attention backend reading the K/V the kernel wrote.
     "fused-linear" runs every forward through kernels/fused_linear.py (norms, SiLU * up and the
     residual adds inside the projections, qkv and o_proj biases included: Qwen2's, Llama's;
     the rotary and pool write as the qkv product's epilogue, kernels/qkv_rotary.py, but for
-    Qwen3), "fused-linear-rotary-kernel" the same with the rotary as its own kernel
-    (`rotary_epilogue` False); "cublas" none (`fused_linear_rows` 0, prefill's path)."""
+    Qwen3, whose q/k norm keeps the rotary kernel); "cublas" none (`fused_linear_rows` 0,
+    prefill's path). With attention "reference" the fused layer kernels run beside the reference
+    attention backend."""
     arch, overrides = CASES[case]
     path, _ = make_tiny_hf_model(tmp_path / case, arch, **overrides)
     loaded = load_model(path)
@@ -134,10 +135,10 @@ def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, 
     results = {}
     for fused in (False, True):
         runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
-                             num_blocks=32, block_size=4, attention=attention)
-        runner.model.fused_ops = fused
-        runner.model.fused_linear_rows = 1 << 20 if linear.startswith("fused-linear") else 0
-        runner.model.rotary_epilogue = linear != "fused-linear-rotary-kernel"
+                             num_blocks=32, options=EngineOptions(block_size=4, attention=attention))
+        kernels = KernelOptions(fused_linear_rows=1 << 20 if linear == "fused-linear" else 0) if fused else None
+        runner.model = build_model(loaded.config, loaded.weights, runner.device, runner.dtype,
+                                   runner.model.backend, kernels)
         results[fused] = (*_ours(runner, prompts, steps, block_size=4), runner.pool)
     (pre, dec, pool), (pre_f, dec_f, pool_f) = results[False], results[True]
     for i in range(len(prompts)):

@@ -109,12 +109,9 @@ def test_emitted_tokens_follow_target_not_draft(one_thread):
 def test_engine_greedy_fast_path_equals_rejection_sampler():
     """The engine's batched greedy acceptance (argmax per row, read once for the batch) gives what
     `rejection_sample` gives with one-hot distributions, accepted prefix, correction and bonus alike."""
-    from types import SimpleNamespace
-
-    from vegas_core.engine_core import EngineCore, EngineOptions
+    from vegas_core.acceptance import accept_greedy
     from vegas_core.sampling import SamplingParams, logits_to_probs
 
-    fake = SimpleNamespace(options=EngineOptions(trace=False))
     g = torch.Generator().manual_seed(5)
     for trial in range(40):
         k = trial % 5
@@ -123,7 +120,7 @@ def test_engine_greedy_fast_path_equals_rejection_sampler():
         # drafts agree with the target for a random prefix, then (sometimes) differ
         agree = int(torch.randint(0, k + 1, (1,), generator=g))
         drafts = [targets[i] if i < agree else (targets[i] + 1) % 11 for i in range(k)]
-        got = EngineCore._accept_greedy(fake, drafts, targets, logits)
+        got = accept_greedy(drafts, targets, None)
         p = logits_to_probs(logits, [SamplingParams()] * (k + 1))
         q = torch.nn.functional.one_hot(torch.tensor(drafts, dtype=torch.long), 11).float() if k else torch.zeros(0, 11)
         want = rejection_sample(drafts, q, p, None, greedy=True)

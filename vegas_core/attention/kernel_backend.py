@@ -27,9 +27,10 @@ import torch
 from vegas_core.kernels.select import quest_page_scores, quest_positions, quest_sizes
 from vegas_core.kernels.sparse_attention import sparse_attention
 from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots,
-                                      default_num_splits, verify_attention_into)
+                                                 default_num_splits, verify_attention_into)
 
 from ..kv_cache import KVPool
+from ..options import KernelOptions
 from ..spec.select import stream_indices
 from ..spec.views import StreamSelection
 from ..transfer import to_device
@@ -85,8 +86,9 @@ class _Plan:
 class KernelBackend:
     name = "triton"
 
-    def __init__(self, scale: float, quest_bounds=None):
+    def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None):
         self.scale = scale
+        self.pdl = (options or KernelOptions()).pdl
         self.reference = ReferenceBackend(scale)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
 
@@ -125,13 +127,13 @@ class KernelBackend:
             return out
         if g.num_pages is None:
             out = sparse_attention(q, kc, vc, g.tables, g.ctx, g.indices[layer], g.counts, g.tail,
-                                   self.scale)
+                                   self.scale, pdl=self.pdl)
             self._recall(layer, q, pool, meta, g, g.indices[layer])
             return out
         kmin, kmax = self.quest_bounds.layer(layer)
         scores = quest_page_scores(q, kmin, kmax, g.tables, g.num_pages, g.granularity, p_max=g.p_max)
         idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
-        out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale)
+        out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale, pdl=self.pdl)
         for j, i in enumerate(g.seqs):
             view = meta.seqs[i].sparse
             if view.keep_sets:

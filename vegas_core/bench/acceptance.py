@@ -93,7 +93,7 @@ def first_mismatch(ids: list[int], reference: list[int] | None) -> int | None:
 
 def run(args, argv: list[str]) -> str:
     from ..engine import Engine
-    from ..engine_core import EngineOptions
+    from ..options import EngineOptions
     from ..sampling import SamplingParams
     from ..spec import SpecParams
 

@@ -54,7 +54,7 @@ def _first_divergence(a: list[int], b: list[int]) -> int | None:
 
 def run(args, argv: list[str]) -> str:
     from ..engine import Engine
-    from ..engine_core import EngineOptions
+    from ..options import EngineOptions
     from ..loader import load_model
     from ..sampling import SamplingParams
     from ..spec import SpecParams

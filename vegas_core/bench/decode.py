@@ -51,18 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def engine_options(args, device: torch.device, gen_tokens: int):
     """Sized so the largest batch runs at once: one sequence slot per request, every request's
     pages in the pool (no preemption), large prefill steps."""
-    from ..engine_core import EngineOptions
+    from ..options import EngineOptions
 
     block = 16
     per_request = math.ceil((max(args.context) + gen_tokens + GAMMA_SLACK) / block) + 1
-    opts = EngineOptions(block_size=block, max_num_seqs=max(args.batch), attention=args.attention,
+    size = dict(kv_cache_bytes=int(args.kv_cache_gb * 1e9)) if args.kv_cache_gb else \
+        dict(num_blocks=per_request * max(args.batch))
+    return EngineOptions(block_size=block, max_num_seqs=max(args.batch), attention=args.attention,
                          cuda_graphs="off" if args.eager else "auto",
-                         max_prefill_tokens=args.max_prefill_tokens or (16384 if device.type == "cuda" else 4096))
-    if args.kv_cache_gb:
-        opts.kv_cache_bytes = int(args.kv_cache_gb * 1e9)
-    else:
-        opts.num_blocks = per_request * max(args.batch)
-    return opts
+                         max_prefill_tokens=args.max_prefill_tokens or (16384 if device.type == "cuda" else 4096),
+                         **size)
 
 
 # -- the Hugging Face baseline ----------------------------------------------------------------

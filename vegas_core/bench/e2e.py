@@ -62,54 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuned", default=None, help="tune result file (default: the latest for this model and device)")
     p.add_argument("--gamma", type=int, default=6, help="gamma without a tuned setting (default: 6)")
     p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
-    p.add_argument("--linear-configs", default=None,
-                   help="a `bench linear --sweep` result: run the fused projections with its best "
-                        "launch configurations (default: kernels.fused_linear.CONFIGS)")
-    p.add_argument("--fused-linear-rows", type=int, default=None,
-                   help="forwards of up to this many rows run kernels/fused_linear.py's projections, "
-                        "longer ones cuBLAS's (0: none; default: the model's own, "
-                        "CausalLM.fused_linear_rows)")
-    p.add_argument("--no-rotary-epilogue", action="store_true",
-                   help="in the fused projections' forwards, run the rotary and the KV-pool write as "
-                        "their own kernel after the qkv product, not as its epilogue "
-                        "(kernels/qkv_rotary.py; CausalLM.rotary_epilogue)")
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
-                        "(kernels/pdl.py; on by default on Hopper and later)")
-    p.add_argument("--verify-pdl", action="store_true",
-                   help="launch verify_attention and its merge with programmatic dependent launch "
-                        "too (kernels.verify_attention.USE_PDL; off by default: within noise on the H200)")
-    p.add_argument("--fused-select", action="store_true",
-                   help="score and select Vegas / SpecExtend positions in one launch where rows fit "
-                        "(kernels/select_fused.py; off by default: slower on the H200)")
-    p.add_argument("--select-launch", default=None, metavar="BN,W,CHUNK,W", type=_four_ints,
-                   help="launch sizes of the selection's two kernels: the scoring's position tile "
-                        "and warps, the radix top-k's chunk and warps (default: "
-                        "kernels.select.SCORE_LAUNCH and TOPK_LAUNCH)")
-    p.add_argument("--no-packed-sparse", action="store_true",
-                   help="draft attention over a selection shared by the KV heads runs one program per "
-                        "KV head, not one for all of a request's (kernels.sparse_attention.PACK_KV_HEADS)")
-    p.add_argument("--no-page-ahead", action="store_true",
-                   help="a plain decode step's attention loads each tile's block-table entries in front "
-                        "of its gather, over 2 stages, as other calls do "
-                        "(kernels.verify_attention.ONE_ROW_PAGE_AHEAD)")
-    p.add_argument("--sparse-fused-merge", action="store_true",
-                   help="the last split of a draft's attention merges the splits, no merge kernel "
-                        "after (kernels.sparse_attention.FUSED_MERGE; off by default: slower in run 43)")
-    p.add_argument("--sparse-split-tiles", type=int, default=None, metavar="N",
-                   help="the fewest tiles of a draft's index capacity per split of its attention "
-                        "(kernels.sparse_attention.MIN_TILES_PER_SPLIT, default 2)")
+                        "(on by default on Hopper and later)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
-
-
-def _four_ints(text: str) -> tuple[int, int, int, int]:
-    try:
-        values = tuple(int(v) for v in text.split(","))
-    except ValueError:
-        values = ()
-    if len(values) != 4 or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected four positive integers BN,W,CHUNK,W, got {text!r}")
-    return values
 
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
@@ -394,11 +350,6 @@ def _add_phases(acc: dict, totals: dict) -> None:
         acc[key] += totals[key]
 
 
-def _pdl(device) -> bool:
-    from ..kernels import pdl as _pdl_mod
-    return kernels.pdl.active(device)
-
-
 def _linear_configs() -> dict:
     from vegas_core.kernels.fused_linear import CONFIGS, DEFAULT_CONFIG
     return {"default": list(DEFAULT_CONFIG), **{f"{n}x{k}{' silu' if silu else ''}": list(c)
@@ -447,33 +398,7 @@ def run(args, argv: list[str]) -> str:
     from ..loader import load_model
     loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
     workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
-    if args.linear_configs:
-        from vegas_core.kernels.fused_linear import load_configs
-        load_configs(args.linear_configs)
     engine = engine_for(args, workload, loaded)
-    if args.no_pdl:     # after the engine: its model runner switches PDL on
-        from ..kernels import pdl as _pdl_mod
-        kernels.pdl.ENABLED = False
-    if args.fused_linear_rows is not None:
-        engine.core.runner.model.fused_linear_rows = args.fused_linear_rows
-    if args.no_rotary_epilogue:
-        engine.core.runner.model.rotary_epilogue = False
-    import kernels.select
-    import kernels.sparse_attention
-    import kernels.verify_attention
-    if args.no_packed_sparse:
-        kernels.sparse_attention.PACK_KV_HEADS = False
-    kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
-    kernels.verify_attention.ONE_ROW_PAGE_AHEAD = not args.no_page_ahead
-    if args.sparse_split_tiles is not None:
-        if args.sparse_split_tiles < 1:
-            raise SystemExit(f"--sparse-split-tiles must be >= 1, got {args.sparse_split_tiles}")
-        kernels.sparse_attention.MIN_TILES_PER_SPLIT = args.sparse_split_tiles
-    kernels.select.FUSED_SELECT = args.fused_select
-    if args.select_launch:
-        bn, w1, chunk, w2 = args.select_launch
-        kernels.select.SCORE_LAUNCH, kernels.select.TOPK_LAUNCH = (bn, w1), (chunk, w2)
-    kernels.verify_attention.USE_PDL = args.verify_pdl
     parents = prefill_parents(engine, workload)
     itemsize = engine.dtype.itemsize
     bound = bandwidth_bound(workload, loaded.config, read_weight_bytes(loaded.weights, itemsize), itemsize,
@@ -528,18 +453,7 @@ def run(args, argv: list[str]) -> str:
                 "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
                 dtype=dtype, attention=engine.core.runner.attention, tuned_from=tuned_path,
                 cuda_graphs=engine.core.runner.graphs is not None,
-                fused_linear_rows=engine.core.runner.model.fused_linear_rows if engine.core.runner.model.fused_ops else 0,
-                linear_configs=_linear_configs(), pdl=_pdl(engine.device),
-                rotary_epilogue=engine.core.runner.model.rotary_in_qkv(),
-                fused_select=kernels.select.FUSED_SELECT and bool(engine.core.runner.kernels),
-                select_launch=dict(scores=list(kernels.select.SCORE_LAUNCH),
-                                   topk=list(kernels.select.TOPK_LAUNCH)),
-                verify_pdl=kernels.verify_attention.USE_PDL and _pdl(engine.device),
-                packed_sparse=kernels.sparse_attention.PACK_KV_HEADS and bool(engine.core.runner.kernels),
-                one_row_page_ahead=(kernels.verify_attention.ONE_ROW_PAGE_AHEAD
-                                    and bool(engine.core.runner.kernels)),
-                sparse_fused_merge=kernels.sparse_attention.FUSED_MERGE and bool(engine.core.runner.kernels),
-                sparse_split_tiles=kernels.sparse_attention.MIN_TILES_PER_SPLIT,
+                kernel_options=kernel_options(engine), linear_configs=_linear_configs(),
                 bandwidth_bound=bound,
                 workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
                               mean_context=bound["mean_context"], text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
@@ -558,14 +472,28 @@ def engine_for(args, workload: Workload, loaded):
     """An engine sized for the workload: the held parents (`prefill_parents`) and `batch`
     sequences at once, all their pages resident."""
     from ..engine import Engine
-    from ..engine_core import EngineOptions
+    from ..options import EngineOptions, KernelOptions
     block = 16
     per_request = -(-(workload.max_context + GAMMA_SLACK) // block) + 1
     seqs = workload.unique + workload.batch
     opts = EngineOptions(block_size=block, num_blocks=per_request * seqs + 8,
                          max_num_seqs=seqs, max_prefill_tokens=16384, attention=args.attention,
-                         cuda_graphs="off" if args.eager else "auto")
+                         cuda_graphs="off" if args.eager else "auto",
+                         kernels=KernelOptions(pdl=not getattr(args, "no_pdl", False)))
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
+
+
+def kernel_options(engine) -> dict | None:
+    """The kernel options the run used, as they took effect (None on the reference path)."""
+    from dataclasses import asdict
+
+    from ..kernels import pdl
+    runner = engine.core.runner
+    if not runner.kernels:
+        return None
+    opts = runner.options.kernels
+    return dict(asdict(opts), pdl=pdl.active(engine.device, opts.pdl),
+                rotary_epilogue=runner.model.rotary_in_qkv())
 
 
 def print_table(records, engine, bound: dict) -> None:

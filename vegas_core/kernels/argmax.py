@@ -82,7 +82,7 @@ if triton is not None:
         tl.store(out_ptr + row, first.to(tl.int64))
 
 
-def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+def argmax_rows(x: torch.Tensor, block: int = BLOCK, pdl: bool = False) -> torch.Tensor:
     """Triton version of ``argmax_rows_reference`` (see the module docstring). Allocates with
     ``torch.empty`` and reads only shapes on the host: CUDA-graph safe."""
     _need_triton("argmax_rows")
@@ -100,7 +100,7 @@ def argmax_rows(x: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
     chunks = triton.cdiv(vocab, block)
     vals = torch.empty(rows, chunks, dtype=torch.float32, device=x.device)
     idx = torch.empty(rows, chunks, dtype=torch.int32, device=x.device)
-    opts = launch_options(x.device)
+    opts = launch_options(x.device, pdl)
     _chunk_argmax_kernel[(rows, chunks)](x, x.stride(0), vals, idx, vocab, chunks, BLOCK=block,
                                          num_warps=4, **opts)
     _row_argmax_kernel[(rows,)](vals, idx, out, vocab, chunks,

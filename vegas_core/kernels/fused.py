@@ -273,7 +273,7 @@ def _need_triton(name: str) -> None:
         raise RuntimeError(f"{name} needs Triton; use {name}_reference")
 
 
-def add_rms_norm(x, weight, eps: float, residual=None):
+def add_rms_norm(x, weight, eps: float, residual=None, pdl: bool = False):
     """Triton version of ``add_rms_norm_reference`` (see the module docstring)."""
     _need_triton("add_rms_norm")
     rows, dim = x.shape
@@ -291,12 +291,13 @@ def add_rms_norm(x, weight, eps: float, residual=None):
         x, res, weight, out, hidden, float(eps), rows, dim, *x.stride(), *res.stride(),
         *out.stride(), *hidden.stride(), HAS_RESIDUAL=residual is not None, BLOCK_T=block_t,
         BLOCK_D=block_d,
-        num_warps=_num_warps(block_d), **launch_options(x.device))
+        num_warps=_num_warps(block_d), **launch_options(x.device, pdl))
     return out, hidden
 
 
 def rotary_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int,
-               k_cache, v_cache, slots, q_norm=None, k_norm=None, eps: float = 1e-6):
+               k_cache, v_cache, slots, q_norm=None, k_norm=None, eps: float = 1e-6,
+               pdl: bool = False):
     """Triton version of ``rotary_qkv_reference`` (see the module docstring)."""
     _need_triton("rotary_qkv")
     if head_dim % 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
@@ -319,12 +320,12 @@ def rotary_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int, head_dim: int,
         *k_cache.stride(), *v_cache.stride(), k_cache.shape[1],
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, HALF=half,
         BLOCK_T=block_t, BLOCK_HQ=block_hq, BLOCK_HK=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=block_half,
-        QK_NORM=qk_norm, num_warps=_num_warps(2 * block_hq * block_half), **launch_options(qkv.device),
+        QK_NORM=qk_norm, num_warps=_num_warps(2 * block_hq * block_half), **launch_options(qkv.device, pdl),
         enable_fp_fusion=False)   # an FMA would skip the product's rounding torch does
     return q
 
 
-def silu_mul(gate_up):
+def silu_mul(gate_up, pdl: bool = False):
     """Triton version of ``silu_mul_reference`` (see the module docstring)."""
     _need_triton("silu_mul")
     rows, width = gate_up.shape
@@ -337,5 +338,5 @@ def silu_mul(gate_up):
     _silu_mul_kernel[(triton.cdiv(rows, block_t), triton.cdiv(inter, block))](
         gate_up, out, rows, inter, *gate_up.stride(), *out.stride(), BLOCK_T=block_t, BLOCK=block,
         INTERPRET=_interpreting(), num_warps=_num_warps(block), enable_fp_fusion=False,
-        **launch_options(gate_up.device))
+        **launch_options(gate_up.device, pdl))
     return out

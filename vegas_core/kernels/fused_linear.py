@@ -55,7 +55,7 @@ def linear_add_reference(x, weight, residual, bias=None):
 # -- launch configurations ------------------------------------------------------------------------
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (N, K, silu_mul), measured on the H200
-# (`python -m vegas_core.bench linear --sweep`); shapes not listed take DEFAULT_CONFIG. Chosen from
+# (a launch-configuration sweep at 64 rows); shapes not listed take DEFAULT_CONFIG. Chosen from
 # (N, K) alone so results do not depend on the number of rows (see the module docstring).
 CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
     # SmolLM2-135M, the fastest at 64 rows in `linear-2026-12-02-h200-sweep.json`
@@ -77,17 +77,6 @@ def config_for(n: int, k: int, silu_mul: bool) -> tuple[int, int, int, int, int]
         return INTERPRET_CONFIG
     return CONFIGS.get((n, k, silu_mul), DEFAULT_CONFIG)
 
-
-def load_configs(path: str) -> None:
-    """Take the best configurations of a `python -m vegas_core.bench linear --sweep` result into
-    CONFIGS (for a benchmark run; the engine's own table is CONFIGS as committed)."""
-    import json
-    with open(path, encoding="utf-8") as f:
-        best = json.load(f).get("best_configs") or {}
-    if not best:
-        raise ValueError(f"{path} holds no best_configs (run `bench linear --sweep`)")
-    for b in best.values():
-        CONFIGS[(int(b["n"]), int(b["k"]), bool(b["silu_mul"]))] = tuple(int(v) for v in b["config"])
 
 
 # -- Triton ---------------------------------------------------------------------------------------
@@ -179,7 +168,7 @@ if triton is not None:
                  mask=mask)
 
 
-def _launch(x, norm_weight, eps, weight, bias, residual, out, n_out, silu_mul, config):
+def _launch(x, norm_weight, eps, weight, bias, residual, out, n_out, silu_mul, config, pdl):
     rows, k = x.shape
     if rows == 0 or n_out == 0:
         return
@@ -194,7 +183,7 @@ def _launch(x, norm_weight, eps, weight, bias, residual, out, n_out, silu_mul, c
         NORM=norm_weight is not None, SILU_MUL=silu_mul, HAS_BIAS=bias is not None,
         ADD_RESIDUAL=residual is not None, PRECISION=precision,
         INTERPRET=bool(triton.knobs.runtime.interpret), BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch_options(x.device),
+        BLOCK_K=block_k, num_warps=warps, num_stages=stages, **launch_options(x.device, pdl),
         enable_fp_fusion=False)   # an FMA would skip roundings the references make
 
 
@@ -207,9 +196,9 @@ def _check(x, weight, bias):
 
 
 def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = False,
-                config: tuple[int, int, int, int, int] | None = None):
+                config: tuple[int, int, int, int, int] | None = None, pdl: bool = False):
     """Triton version of ``norm_linear_reference`` (see the module docstring); ``config``
-    overrides the launch configuration (the benchmark's sweep)."""
+    overrides the launch configuration."""
     _need_triton("norm_linear")
     _check(x, weight, bias)
     n = weight.shape[0]
@@ -218,16 +207,17 @@ def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = 
     n_out = n // 2 if silu_mul else n
     out = torch.empty((x.shape[0], n_out), dtype=x.dtype, device=x.device)
     _launch(x, norm_weight, eps, weight, bias, None, out, n_out, silu_mul,
-            config or config_for(n_out, x.shape[1], silu_mul))
+            config or config_for(n_out, x.shape[1], silu_mul), pdl)
     return out
 
 
-def linear_add(x, weight, residual, bias=None, config: tuple[int, int, int, int, int] | None = None):
+def linear_add(x, weight, residual, bias=None, config: tuple[int, int, int, int, int] | None = None,
+               pdl: bool = False):
     """Triton version of ``linear_add_reference`` (see the module docstring)."""
     _need_triton("linear_add")
     _check(x, weight, bias)
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:
         raise ValueError("residual must be [T, N] in x's dtype")
     _launch(x, None, 0.0, weight, bias, residual, residual, weight.shape[0], False,
-            config or config_for(weight.shape[0], x.shape[1], False))
+            config or config_for(weight.shape[0], x.shape[1], False), pdl)
     return residual

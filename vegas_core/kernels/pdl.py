@@ -8,8 +8,8 @@ Contract: a kernel that takes ``USE_PDL: tl.constexpr`` calls ``pdl_wait(USE_PDL
 memory access, and is launched with ``**launch_options(device)``. The wait comes before any access
 (not only before reading the previous kernel's output) so the order holds transitively: a kernel
 that waits on its predecessor has seen everything that predecessor waited on. Kernels without it
-(cuBLAS, torch ops) launch as usual and wait for everything before them. Off unless ``ENABLED`` is
-set (the model runner's choice), and never under the interpreter or before compute capability 9.
+(cuBLAS, torch ops) launch as usual and wait for everything before them. A launch uses it when its
+caller asks (`options.KernelOptions.pdl`), never under the interpreter or before compute capability 9.
 """
 from __future__ import annotations
 
@@ -24,12 +24,9 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
 
-ENABLED = False
-
-
-def active(device: torch.device) -> bool:
-    """Whether kernels launched on `device` now use PDL."""
-    if not ENABLED or triton is None or triton.knobs.runtime.interpret:
+def active(device: torch.device, enabled: bool) -> bool:
+    """Whether a kernel launched on `device` whose caller asks for PDL (`enabled`) uses it."""
+    if not enabled or triton is None or triton.knobs.runtime.interpret:
         return False
     device = torch.device(device)
     return device.type == "cuda" and _hopper_or_later(device.index)
@@ -40,9 +37,9 @@ def _hopper_or_later(index: int | None) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def launch_options(device: torch.device) -> dict:
+def launch_options(device: torch.device, enabled: bool) -> dict:
     """The keyword arguments a launch adds: the kernel's USE_PDL and Triton's launch_pdl."""
-    on = active(device)
+    on = active(device, enabled)
     return {"USE_PDL": True, "launch_pdl": True} if on else {"USE_PDL": False}
 
 

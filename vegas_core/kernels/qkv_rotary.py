@@ -121,7 +121,7 @@ if triton is not None:
 
 def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_heads: int,
                        num_kv_heads: int, head_dim: int, k_cache, v_cache, slots,
-                       config: tuple[int, int, int, int, int] | None = None):
+                       config: tuple[int, int, int, int, int] | None = None, pdl: bool = False):
     """Triton version of ``norm_linear_rotary_reference`` (see the module docstring); ``config``
     is a `kernels.fused_linear` configuration (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), of
     which BLOCK_N / 2 column pairs make a program's tile on a GPU (at least 16, tl.dot's
@@ -155,6 +155,6 @@ def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_h
         NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, NORM=norm_weight is not None,
         HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, num_warps=warps, num_stages=stages,
-        **launch_options(x.device),
+        **launch_options(x.device, pdl),
         enable_fp_fusion=False)   # an FMA would skip the roundings the references make
     return q

@@ -87,18 +87,8 @@ if triton is not None:   # a device helper, only where Triton is installed
 
 GRANULARITIES = ("layer", "kv-head")
 
-# Whether select_layers scores and selects in one launch where the rows fit
-# (kernels/select_fused.py). Off: measured slower on the H200 than the two launches (vegas's
-# selection 0.88 -> 2.58 ms an iteration; `bench e2e --fused-select`, bench/NOTES.md version 38).
-FUSED_SELECT = False
-
 # select_layers' two launches: (position tile, warps) of the scoring and (chunk, warps) of the radix
-# top-k; any launch gives the same bits (tests/kernels/test_select.py). Measured on the H200
-# (`scripts/device/probe_selection.py`, bench/results/kernels-2026-12-03-h200-selection-probe.json,
-# every layer at batch 64 x 6K): the scoring took 368 us with 1,024-position tiles and 4 warps, 161
-# with 512 and 4 (four positions a thread; 256 / 2 and 1,024 / 8 alike, 8+ a thread 2-30x slower);
-# the top-k 293 against 278 us with 512-key chunks. In the e2e, vegas's selection 0.88 -> 0.60 ms
-# an iteration (bench/NOTES.md version 43). `bench e2e --select-launch` overrides them for an A/B.
+# top-k; any launch gives the same bits. The fastest measured on the H200 (bench/NOTES.md version 43).
 SCORE_LAUNCH: tuple[int, int] = (512, 4)
 TOPK_LAUNCH: tuple[int, int] = (512, 4)
 
@@ -172,7 +162,7 @@ if triton is not None:
         """The log mean weight at each of the BLOCK_N positions over rows [r0, r_end) (nr of
         them) x the group's heads, -inf where invalid: an online log-sum-exp (as flash attention
         folds keys) with running max m (finite floor, so an all -inf position stays NaN-free) and
-        sum s of exp(x - m). Shared by `_selection_scores_kernel` and select_fused's kernel, so
+        sum s of exp(x - m). Used by `_selection_scores_kernel`, so
         both give the same bits."""
         m = tl.full([BLOCK_N], -1.0e30, dtype=tl.float32)
         s = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -628,39 +618,31 @@ def quest_sizes(num_pages: list[int], bases: list[int], budgets: list[int], page
 
 
 def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, kv_heads: int,
-                  granularity: str, n_keys: int | None = None, fused: bool | None = None):
+                  granularity: str, n_keys: int | None = None,
+                  score_launch: tuple[int, int] = SCORE_LAUNCH, topk_launch: tuple[int, int] = TOPK_LAUNCH):
     """A whole model step's selection. ``collected`` is ``(logits [L, R, H, W], lse [L, R, H])``
     (`LogitCollector.stacked`), or a list of one ``(logits [R, H, W], lse [R, H])`` pair per
     layer; only positions below ``n_keys`` (default W; at least ``max(bases)``) are scored.
     Returns int32 ``[L, B, G, k_max]``, per (layer, request, group) the top ``budgets[b]``
     positions ascending (padding 0). One scoring launch and one top-k for every layer, so the
-    per-call cost is paid once per step, not once per layer.
-
-    ``fused``: score and select in one launch (`kernels.select_fused`, rows of up to its
-    ``MAX_KEYS`` positions, the same positions); None (the engine's) takes it whenever the rows
-    fit and ``FUSED_SELECT`` is on, False forces the two launches below, True insists."""
+    per-call cost is paid once per step, not once per layer. ``score_launch`` (position tile,
+    warps) and ``topk_launch`` (chunk, warps): the two launches' sizes (any give the same bits)."""
     if isinstance(collected, list):
         collected = (torch.stack([lg for lg, _ in collected]), torch.stack([ls for _, ls in collected]))
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    from vegas_core.kernels import select_fused
-    if fused is None:
-        fused = FUSED_SELECT and logits.shape[-1] <= select_fused.MAX_KEYS
-    if fused:
-        return select_fused.select_fused(logits, lse, row_start, row_count, bases, budgets, k_max,
-                                         kv_heads, granularity)
     # Top-k by a radix select over int32 score bits, ties to the lower position: a greedy 135M
     # model loops, its repeated keys give exactly equal scores, and ties sent torch.topk's radix
     # select into a path 10x slower (20 ms a step for SpecExtend,
     # bench/results/e2e-2026-12-01-h200-run2.json). torch.topk over int64 (score, position) keys
     # fixed that, and then cost more than the scoring: its 64-bit radix passes, the sort of the
     # chosen positions, the padding (`_radix_topk_kernel` does all three in one launch).
-    block_n, warps = SCORE_LAUNCH
+    block_n, warps = score_launch
     scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity,
                               block_n=block_n, packed="bits", num_warps=warps)
     layers, batch, groups, n = scores.shape                                     # [L, B, G, N]
-    block, warps = TOPK_LAUNCH
+    block, warps = topk_launch
     pos = radix_topk(scores.view(layers * batch, groups, n), budgets, k_max, block=block,
                      num_warps=warps)
     return pos.view(layers, batch, groups, k_max)

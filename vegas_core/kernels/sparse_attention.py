@@ -58,11 +58,9 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
     tl = None
 
 from .pdl import launch_options
-from .split_merge import arrival_counters
 
 if triton is not None:
     from .pdl import pdl_wait
-    from .split_merge import last_to_arrive, merge_partials
 
 
 def sparse_attention_reference(q, k_cache, v_cache, block_tables, context_lens, indices,
@@ -209,7 +207,7 @@ if triton is not None:
     @triton.jit
     def _sparse_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-            tables_ptr, ctx_ptr, idx_ptr, cnt_ptr, tail_ptr, arrive_ptr, scale, num_splits,
+            tables_ptr, ctx_ptr, idx_ptr, cnt_ptr, tail_ptr, scale, num_splits,
             s_qb, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
             s_vb, s_vt, s_vh, s_vd,
@@ -219,16 +217,15 @@ if triton is not None:
             BLOCK_SIZE: tl.constexpr,
             GROUP: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-            SPLIT: tl.constexpr, PACKED: tl.constexpr, FUSED_MERGE: tl.constexpr,
+            SPLIT: tl.constexpr, PACKED: tl.constexpr,
             PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile; PACKED (one selection for every KV head): one request x one
         split, all query heads in the tile (`_sparse_tile_packed`), grid axis 1 of size 1. Without
         SPLIT (num_splits == 1) it writes ``out``; with it, the unnormalised accumulator and
         (max, sum) of its chunk go to the partial buffers (``part_acc [B, H, S, BLOCK_D]``,
-        ``part_ml [B, H, S, 2]``, contiguous float32), and with FUSED_MERGE the last split of the
-        (request, KV head) to finish merges them into ``out`` (`kernels.split_merge`, counters at
-        ``arrive_ptr``) instead of `_merge_splits_kernel`. num_splits is a runtime value so that
+        ``part_ml [B, H, S, 2]``, contiguous float32), which `_merge_splits_kernel` then merges.
+        num_splits is a runtime value so that
         batch-size-dependent choices do not recompile."""
         pdl_wait(USE_PDL)
         req = tl.program_id(0)
@@ -293,14 +290,6 @@ if triton is not None:
                      mask=m_valid[:, None])
             tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
             tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=m_valid)
-            if FUSED_MERGE:
-                if last_to_arrive(arrive_ptr + req * tl.num_programs(1) + kvh, num_splits):
-                    o, _ = merge_partials(part_acc_ptr, part_ml_ptr, row - split, 1, num_splits,
-                                          m_valid, offs_d, d_valid, BLOCK_D, BLOCK_M, BLOCK_D,
-                                          INTERPRET)
-                    tl.store(out_ptr + req * s_ob + head[:, None] * s_oh + offs_d[None, :] * s_od,
-                             o.to(out_ptr.dtype.element_ty),
-                             mask=m_valid[:, None] & d_valid[None, :])
 
     @triton.jit
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, s_ob, s_oh, s_od, heads,
@@ -332,21 +321,15 @@ def _interpreting() -> bool:
 
 
 # One program for all the KV heads of a request when they share one selection (`_sparse_tile_packed`)
-# and the query heads fit a tile of at most MAX_PACKED_HEADS rows; False: a program per KV head.
-PACK_KV_HEADS = True
+# and the query heads fit a tile of at most MAX_PACKED_HEADS rows.
 MAX_PACKED_HEADS = 16
-# The last split to finish merges the splits (`kernels.split_merge`) instead of a merge kernel
-# launched after. Off: slower end to end (run 43; see `sparse_attention`'s docstring).
-FUSED_MERGE = False
-# Each split keeps at least this many tiles of the index capacity (`_auto_splits`;
-# `bench e2e --sparse-split-tiles`). In the CUDA-graph path the capacity is the pool's whole width,
-# so the cap never binds there (run 43 measured 1 and 2 alike: both 12 splits at batch 64).
+# Each split keeps at least this many tiles of the index capacity (`_auto_splits`).
 MIN_TILES_PER_SPLIT = 2
 
 
 def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:
     """Whether `sparse_attention` takes every KV head of a request in one program."""
-    return PACK_KV_HEADS and groups == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
+    return groups == 1 and 1 < kv_heads and heads <= MAX_PACKED_HEADS
 
 
 def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) -> int:
@@ -379,20 +362,12 @@ def split_count(batch: int, kv_heads: int, max_selected: int, block_n: int, head
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
                      num_warps: int = 4, num_stages: int | None = None,
-                     packed: bool | None = None, fused_merge: bool | None = None):
+                     packed: bool | None = None, pdl: bool = False):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
-    kernel, or with ``fused_merge`` by the last split to finish (None: `FUSED_MERGE`). In isolation
-    the two measured alike (14.9 against 14.8 us for SmolLM2 and 56.9 against 56.7 for the 8B-like
-    shape at batch 64 x 8K, 7 %: `sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-
-    merge.json); what a draft step would save is the launch (version 42 measured a launch in the
-    chain costing more end to end than its own time), which only an e2e A/B shows: run 43's
-    (`bench e2e --sparse-fused-merge`) measured the fused merge slower, drafting 10.60 against
-    9.69 ms a vegas iteration (packed, 12 splits: the last program folds 12 splits of 9 heads
-    alone, where the merge kernel spreads them over a program per (request, head); bench/NOTES.md
-    version 45). The two merges round differently (the fused one folds the splits in order, the
-    kernel sums them as a tree).
+    kernel (a merge by the last split to finish measured slower end to end: bench/NOTES.md
+    version 45).
 
     ``num_stages`` (Triton's software pipelining of the gather) defaults to 2 at head dim <= 64
     and 4 above: 13.9 and 52.3 us against 14.7 and 57.0 with Triton's default 3 at batch 64 x 8K,
@@ -434,8 +409,6 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         part_ml = torch.empty(batch, heads, num_splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
-    fused_merge = (FUSED_MERGE if fused_merge is None else fused_merge) and num_splits > 1
-    arrive = arrival_counters(q.device, batch * programs) if fused_merge else part_ml
     s_ig = indices.stride(1) if groups == kv_heads and kv_heads > 1 else 0
     if num_stages is None:
         num_stages = 2 if dim <= 64 else 4
@@ -444,18 +417,17 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     # (bench/NOTES.md, version 33).
     _sparse_attention_kernel[(batch, programs, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_ml,
-        block_tables, context_lens, indices, index_counts, tail_start, arrive, float(scale),
+        block_tables, context_lens, indices, index_counts, tail_start, float(scale),
         num_splits,
         *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(),
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=block_d, SPLIT=num_splits > 1, PACKED=bool(packed),
-        FUSED_MERGE=bool(fused_merge), PRECISION=precision,
+        BLOCK_D=block_d, SPLIT=num_splits > 1, PACKED=bool(packed), PRECISION=precision,
         INTERPRET=_interpreting(),
-        num_warps=num_warps, num_stages=num_stages, **launch_options(q.device))
-    if num_splits > 1 and not fused_merge:
+        num_warps=num_warps, num_stages=num_stages, **launch_options(q.device, pdl))
+    if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](
             part_acc, part_ml, out, *out.stride(), heads, num_splits,
             SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-            HEAD_DIM=dim, BLOCK_D=block_d, **launch_options(q.device))
+            HEAD_DIM=dim, BLOCK_D=block_d, **launch_options(q.device, pdl))
     return out

@@ -32,7 +32,6 @@ from typing import NamedTuple
 
 import torch
 
-from .pdl import launch_options
 from .split_merge import arrival_counters
 
 try:  # Triton is optional: the CPU engine path only needs the reference.
@@ -47,14 +46,6 @@ except ImportError:  # pragma: no cover - exercised only where Triton is absent
 
 COLLECT_MODES = ("none", "c2q", "all")
 MAX_Q_ROWS = 17   # rows of one request the kernel takes: gamma <= 16 drafts plus the pending token
-# Programmatic dependent launch (kernels/pdl.py) for the kernel and its merge, when kernels.pdl is
-# on too. Off: measured within noise on the H200 (verification 5.49 -> 5.44 ms an iteration, vanilla
-# and vegas unchanged; `bench e2e --verify-pdl`, bench/NOTES.md version 38).
-USE_PDL = False
-# A plain decode step's launch at head dim 64 loads each tile's block-table entries one tile ahead,
-# over 3 stages (`launch_config`); False: the launch every other call takes (an A/B switch, `bench
-# e2e --no-page-ahead`).
-ONE_ROW_PAGE_AHEAD = True
 
 
 class LaunchConfig(NamedTuple):
@@ -127,7 +118,7 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
     unmasked = not small          # one choice per head dim for every path (see above)
     block_n = 128 if small else 64    # likewise
     if collect_mode == 0:
-        ahead = small and q_rows == 1 and ONE_ROW_PAGE_AHEAD
+        ahead = small and q_rows == 1
         return LaunchConfig(block_n, 4, 3 if ahead else 2, fused_merge=small,
                             max_registers=168 if small else 0, unmasked_tiles=unmasked,
                             page_ahead=1 if ahead else 0)
@@ -719,7 +710,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
-    pdl = launch_options(q.device) if USE_PDL else {"USE_PDL": False}
+    # No programmatic dependent launch here: it measured within noise (bench/NOTES.md version 38).
+    pdl = {"USE_PDL": False}
     # The page size (k_cache.shape[1]) is a compile-time constant (BLOCK_SIZE): a key's page
     # and offset are then arithmetic by a known constant, not a runtime integer division
     # (bench/NOTES.md, version 33).

@@ -1,5 +1,5 @@
-"""The selection step for a whole batch on the kernel path (the per-request `policy.build_selection`
-does the same one request at a time on the reference path).
+"""The selection step for a whole batch on the kernel path (each proposer's `select` does the same
+one request at a time on the reference path).
 
 Verification-guided methods (vegas, vegas-all, specextend) score every layer of every request in
 one `kernels.select.selection_scores` launch per granularity, then one top-k over all layers
@@ -16,8 +16,7 @@ from vegas_core.kernels.select import select_layers
 
 from ..attention.metadata import LogitCollector
 from ..transfer import to_device
-from .params import VERIFICATION_GUIDED
-from .policy import build_selection
+from .proposers import Quest, SelectContext, Stream, VerificationGuided
 from .views import BlockQuestSelection, FixedSelection
 
 
@@ -27,6 +26,7 @@ class SelectItem:
     request: object
     base: int             # where the verification started: the selection covers [0, base)
     num_accepted: int
+    collected_rows: list[int] | None = None   # the verification rows whose logits were collected
 
 
 def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers: int,
@@ -38,14 +38,17 @@ def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers:
     quest_blocks: list[int] = []
     for it in items:
         spec = it.request.spec
-        if spec.method in VERIFICATION_GUIDED:
+        proposer = spec.proposer
+        if isinstance(proposer, VerificationGuided):
             guided.setdefault(spec.granularity, []).append(it)
-        elif spec.method == "quest":
+        elif isinstance(proposer, Quest):
             out[it.request.request_id] = _quest_view(it, page_bounds, block_table, quest_blocks,
                                                       keep_sets)
-        else:   # stream: positions only
-            out[it.request.request_id] = build_selection(spec, it.base, num_layers, kv_heads, None,
-                                                         None, it.num_accepted, None, None)
+        elif isinstance(proposer, Stream):   # positions only
+            out[it.request.request_id] = proposer.select(SelectContext(
+                spec, it.base, num_layers, kv_heads, None, None, it.num_accepted, None, None))
+        else:
+            raise TypeError(f"{type(proposer).__name__} has no batched selection")
     page_bounds.update(quest_blocks)
     for granularity, group in guided.items():
         out.update(_guided(group, granularity, collector, num_layers, kv_heads, device))
@@ -57,8 +60,7 @@ def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector
     starts, counts, bases, budgets = [], [], [], []
     for it in group:
         rows = collector.rows_of[it.seq_index]
-        if it.request.spec.method == "specextend":
-            rows = [rows[it.num_accepted]]      # the last accepted token's row only
+        rows = [rows[j] for j in it.request.spec.proposer.scored_rows(it.collected_rows, it.num_accepted)]
         starts.append(rows[0])
         counts.append(len(rows))
         bases.append(it.base)

@@ -5,11 +5,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import InvalidRequestError
+from .proposers import PROPOSERS, Proposer
 
-METHODS = ("vanilla", "stream", "quest", "specextend", "vegas", "vegas-all")
+METHODS = tuple(PROPOSERS)
 GRANULARITIES = ("layer", "kv-head")
-# Methods that select from the verification pass's own attention logits.
-VERIFICATION_GUIDED = ("specextend", "vegas", "vegas-all")
 MAX_GAMMA = 16
 
 
@@ -43,8 +42,13 @@ class SpecParams:
             raise InvalidRequestError(f"page_size must be an integer >= 1, got {self.page_size!r}")
 
     @property
+    def proposer(self) -> Proposer:
+        """The drafting policy of `method` (`spec.proposers`)."""
+        return PROPOSERS[self.method]
+
+    @property
     def speculative(self) -> bool:
-        return self.method != "vanilla"
+        return self.proposer.speculative
 
     def budget(self, prefix_len: int) -> int:
         """k = clamp(ceil(sparsity * n), min_budget, n): entries of the prefix kept for drafting."""

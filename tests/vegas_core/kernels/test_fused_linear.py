@@ -100,7 +100,6 @@ def test_programmatic_dependent_launch_keeps_the_order_in_a_graph():
     """A layer's four fused projections replayed from a CUDA graph with PDL (each kernel may start
     before the previous one ends, and waits for its memory) give the bits they give without it:
     an early read of the stream the previous kernel is still writing would change them."""
-    import kernels.pdl
     if not (torch.cuda.get_device_capability()[0] >= 9):
         pytest.skip("PDL needs compute capability 9")
     k, n, inter = 576, 960, 1536
@@ -111,25 +110,21 @@ def test_programmatic_dependent_launch_keeps_the_order_in_a_graph():
               randn(k, inter, seed=27, dtype=torch.bfloat16, scale=0.05))
     outs = {}
     for pdl in (False, True):
-        kernels.pdl.ENABLED = pdl
-        try:
-            hidden = x0.clone()
+        hidden = x0.clone()
 
-            def layer():
-                for _ in range(4):
-                    qkv = norm_linear(hidden, nw, 1e-5, wq)
-                    linear_add(qkv[:, :k], wo, hidden)
-                    linear_add(norm_linear(hidden, nw, 1e-5, wg, silu_mul=True), wd, hidden)
+        def layer():
+            for _ in range(4):
+                qkv = norm_linear(hidden, nw, 1e-5, wq, pdl=pdl)
+                linear_add(qkv[:, :k], wo, hidden, pdl=pdl)
+                linear_add(norm_linear(hidden, nw, 1e-5, wg, silu_mul=True, pdl=pdl), wd, hidden, pdl=pdl)
 
-            layer()                                  # compile outside the capture
-            hidden.copy_(x0)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                layer()
-            hidden.copy_(x0)
-            graph.replay()
-            torch.cuda.synchronize()
-            outs[pdl] = hidden.clone()
-        finally:
-            kernels.pdl.ENABLED = False
+        layer()                                  # compile outside the capture
+        hidden.copy_(x0)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            layer()
+        hidden.copy_(x0)
+        graph.replay()
+        torch.cuda.synchronize()
+        outs[pdl] = hidden.clone()
     assert torch.equal(outs[True], outs[False])

@@ -363,9 +363,9 @@ def test_select_layers_equals_per_layer_selection():
 
 
 @pytest.mark.parametrize("score_launch, topk_launch", [((16, 2), (16, 8)), ((32, 8), (64, 2))])
-def test_select_layers_launch_sizes_choose_the_same(monkeypatch, score_launch, topk_launch):
-    """Other position tiles / chunks and warps (kernels.select.SCORE_LAUNCH, TOPK_LAUNCH: what
-    `bench e2e --select-launch` sets) give the engine's positions, ties included."""
+def test_select_layers_launch_sizes_choose_the_same(score_launch, topk_launch):
+    """Other position tiles / chunks and warps than the engine's (kernels.select.SCORE_LAUNCH,
+    TOPK_LAUNCH) give the engine's positions, ties included."""
     import vegas_core.kernels.select as select
     g = torch.Generator().manual_seed(12)
     rows, heads, kvh, n, layers = 6, 6, 3, 70, 2
@@ -376,11 +376,10 @@ def test_select_layers_launch_sizes_choose_the_same(monkeypatch, score_launch, t
     bases, budgets = _i32([70, 33, 51]), _i32([12, 1, 51])
     want = {gran: select.select_layers(collected, start, count, bases, budgets, 51, kvh, gran)
             for gran in ("layer", "kv-head")}
-    monkeypatch.setattr(select, "SCORE_LAUNCH", score_launch)
-    monkeypatch.setattr(select, "TOPK_LAUNCH", topk_launch)
     for gran, positions in want.items():
-        assert torch.equal(select.select_layers(collected, start, count, bases, budgets, 51, kvh,
-                                                gran), positions), gran
+        assert torch.equal(select.select_layers(collected, start, count, bases, budgets, 51, kvh, gran,
+                                                score_launch=score_launch, topk_launch=topk_launch),
+                           positions), gran
 
 
 def test_radix_topk_equals_torch_topk_over_packed_keys():

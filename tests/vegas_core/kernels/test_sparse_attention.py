@@ -17,9 +17,7 @@ import os
 import pytest
 import torch
 
-import vegas_core.kernels.sparse_attention as sparse_module
 from vegas_core.kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
-from vegas_core.kernels.split_merge import arrival_counters
 from tests.vegas_core.kernels.paged import shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
@@ -153,33 +151,19 @@ def test_packed_matches_reference(ctx_lens, tail_lens, counts, heads, kv_heads, 
         torch.testing.assert_close(out, ref, **TOL)
 
 
-def test_packing_rule(monkeypatch):
+def test_packing_rule():
     """Packed exactly for a shared selection over several KV heads whose query heads fit one tile;
-    never for per-KV-head selections; off with the switch."""
+    never for per-KV-head selections."""
     assert packs_kv_heads(9, 3, 1) and packs_kv_heads(16, 4, 1)
     assert not packs_kv_heads(9, 3, 3)              # a set per KV head
     assert not packs_kv_heads(8, 1, 1)              # one KV head: nothing to pack
     assert not packs_kv_heads(32, 8, 1)             # 32 rows: more than MAX_PACKED_HEADS
-    monkeypatch.setattr(sparse_module, "PACK_KV_HEADS", False)
-    assert not packs_kv_heads(9, 3, 1)
 
 
 def test_packed_rejects_per_head_selections():
     args = make_case([20], [2], [5], 6, 3, 16, per_head=True, max_k=8)
     with pytest.raises(ValueError, match="shared"):
         sparse_attention(*args, packed=True)
-
-
-@pytest.mark.parametrize("per_head", [False, True])
-def test_fused_merge_matches_reference(per_head):
-    """The last split to finish merges (no merge kernel): the reference's output, also with empty
-    trailing splits (8 splits of a short list), and the arrival counters are zero again after."""
-    args = make_case([61, 22, 9], [5, 3, 9], [50, 11, 0], 9, 3, 16, per_head=per_head, seed=8)
-    ref = sparse_attention_reference(*args)
-    for block_n, splits in ((16, 3), (16, 8), (32, 2)):
-        out = sparse_attention(*args, block_n=block_n, num_splits=splits, fused_merge=True)
-        torch.testing.assert_close(out, ref, **TOL)
-        assert int(arrival_counters(out.device, 1).abs().sum()) == 0
 
 
 def test_rejects_bad_group_count():
@@ -220,8 +204,8 @@ def test_realistic_shapes_on_gpu(dtype):
         args = make_case([4100, 2600, 700], [9, 17, 3], [2048, 1500, 0], heads, kv_heads, d,
                          per_head=per_head, max_k=2048, seed=11, dtype=dtype)
         ref = sparse_attention_reference(*args)
-        for splits, fused in ((None, False), (1, False), (8, False), (None, True), (8, True)):
-            out = sparse_attention(*args, num_splits=splits, fused_merge=fused)
+        for splits in (None, 1, 8):
+            out = sparse_attention(*args, num_splits=splits)
             assert out.dtype == dtype
             torch.testing.assert_close(out, ref, **tol)
 

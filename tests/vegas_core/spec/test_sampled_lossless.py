@@ -17,7 +17,7 @@ N = 3000
 def tiny_engine(tmp_path_factory):
     from tests.vegas_core.conftest import build_tiny_hf_model
     from vegas_core.engine import Engine
-    from vegas_core.engine_core import EngineOptions
+    from vegas_core.options import EngineOptions
     from vegas_core.loader import load_model
     path, _ = build_tiny_hf_model(tmp_path_factory.mktemp("tiny"), "llama", seed=3)
     return Engine(device="cpu", dtype="float32", loaded=load_model(path),
