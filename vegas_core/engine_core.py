@@ -28,7 +28,7 @@ from .block_manager import BlockAllocator
 from .clock import DeviceClock, PhaseTimes
 from .config import ModelConfig
 from .errors import InvalidRequestError
-from .kv_cache import KVPool
+from .kv_cache import KVPool, kv_pool_bytes, weights_bytes
 from .model_runner import BatchEntry, ModelRunner
 from .options import EngineOptions
 from .overlap import Overlap
@@ -63,7 +63,7 @@ class EngineCore:
         self.options = opts = options or EngineOptions()
         self.spec = spec or SpecParams(method="vanilla")
         num_blocks = opts.num_blocks or max(
-            1, kv_pool_bytes(self.device, opts, _weights_bytes(weights, dtype))
+            1, kv_pool_bytes(self.device, opts, weights_bytes(weights, dtype))
             // KVPool.bytes_per_block(config, opts.block_size, dtype))
         self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts)
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
@@ -381,30 +381,3 @@ class EngineCore:
             self.step()
             if progress is not None:
                 progress()
-
-
-ACTIVATION_RESERVE = 2 << 30   # GPU memory left for activations, logits and collected verification logits
-
-
-def kv_pool_bytes(device: torch.device, opts: EngineOptions, weights_bytes: int,
-                  free_bytes: int | None = None) -> int:
-    """The KV pool's size: what the options ask for, else 1 GiB on a CPU, else on a GPU
-    `gpu_memory_fraction` of the memory free once the weights are there, less a reserve for
-    activations (`free_bytes` defaults to what the device reports now, before the weights load)."""
-    if opts.kv_cache_bytes is not None:
-        return opts.kv_cache_bytes
-    if device.type != "cuda":
-        return 1 << 30
-    if free_bytes is None:
-        free_bytes = torch.cuda.mem_get_info(device)[0]
-    size = int((free_bytes - weights_bytes) * opts.gpu_memory_fraction) - ACTIVATION_RESERVE
-    if size <= 0:
-        raise InvalidRequestError(
-            f"no GPU memory left for a KV pool: {free_bytes / 2**30:.1f} GiB free, the weights take "
-            f"{weights_bytes / 2**30:.1f} GiB; pass kv_cache_bytes or num_blocks explicitly")
-    return size
-
-
-def _weights_bytes(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    return sum(w.numel() for w in weights.values()) * itemsize

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from .config import ModelConfig
+from .errors import InvalidRequestError
 
 
 class KVPool:
@@ -49,3 +50,31 @@ def slot_index(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -
     """Flat pool slots of token positions through block tables: tables [..., max_blocks] (one table,
     or a padded batch of them) and positions [L] -> [..., L]."""
     return tables[..., positions // block_size] * block_size + positions % block_size
+
+
+ACTIVATION_RESERVE = 2 << 30   # GPU memory left for activations, logits and collected verification logits
+
+
+def kv_pool_bytes(device: torch.device, opts, weight_bytes: int,
+                  free_bytes: int | None = None) -> int:
+    """The KV pool's size: what the options ask for, else 1 GiB on a CPU, else on a GPU
+    `gpu_memory_fraction` (of the `EngineOptions` `opts`) of the memory free once the weights
+    (`weight_bytes`) are there, less a reserve for
+    activations (`free_bytes` defaults to what the device reports now, before the weights load)."""
+    if opts.kv_cache_bytes is not None:
+        return opts.kv_cache_bytes
+    if device.type != "cuda":
+        return 1 << 30
+    if free_bytes is None:
+        free_bytes = torch.cuda.mem_get_info(device)[0]
+    size = int((free_bytes - weight_bytes) * opts.gpu_memory_fraction) - ACTIVATION_RESERVE
+    if size <= 0:
+        raise InvalidRequestError(
+            f"no GPU memory left for a KV pool: {free_bytes / 2**30:.1f} GiB free, the weights take "
+            f"{weight_bytes / 2**30:.1f} GiB; pass kv_cache_bytes or num_blocks explicitly")
+    return size
+
+
+def weights_bytes(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return sum(w.numel() for w in weights.values()) * itemsize

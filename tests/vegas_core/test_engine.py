@@ -89,7 +89,7 @@ def test_kv_pool_sizing():
     weights, less the activation reserve, and a clear error when nothing is left."""
     import torch
 
-    from vegas_core.engine_core import ACTIVATION_RESERVE, kv_pool_bytes
+    from vegas_core.kv_cache import ACTIVATION_RESERVE, kv_pool_bytes
     from vegas_core.options import EngineOptions
     from vegas_core.errors import InvalidRequestError
 
