@@ -176,10 +176,10 @@ class Engine:
                 f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
         if not prompt.strip():
             raise InvalidRequestError("the prompt is empty")
-        _check_unicode(prompt, "the prompt")
+        check_unicode(prompt, "the prompt")
         if chat:
             if system is not None:
-                _check_unicode(system, "the system prompt")
+                check_unicode(system, "the system prompt")
             messages = ([{"role": "system", "content": system}] if system else []) + \
                        [{"role": "user", "content": prompt}]
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -326,7 +326,7 @@ class Engine:
             self._release(req)
 
 
-def _check_unicode(text: str, what: str) -> None:
+def check_unicode(text: str, what: str) -> None:
     """Text that cannot be UTF-8 (a lone surrogate, e.g. a non-UTF-8 byte in a command-line
     argument, which Python keeps as U+DC80..U+DCFF) is refused before the tokenizer sees it."""
     try:

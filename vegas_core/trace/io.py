@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +36,18 @@ _KIND[list(b"[{")], _KIND[list(b"]}")], _KIND[ord('"')], _KIND[ord("\\")] = 1, -
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write `trace` as compact UTF-8 JSON; the file appears whole or not at all."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(trace.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    path, tmp = Path(path), None
+    try:
+        # A unique name beside the target: concurrent writers never share a temporary file.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(trace.model_dump_json())
+        os.chmod(tmp, 0o644)        # what a plain open() would give, not mkstemp's 0600
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise TraceError(f"cannot write the trace to {os.fspath(path)!r}: {e.strerror or e}") from None
 
 
 def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES,
