@@ -7,9 +7,11 @@ failure one `TraceError` with one message:
   3. it is UTF-8;
   4. its bracket nesting is at most `max_depth`, by a linear scan that skips string contents, before
      any Python object is built (so `[[[[...` 100k deep neither recurses nor crashes);
-  5. it is JSON, with no NaN / Infinity / -Infinity (the message names the field);
+  5. it is JSON, with no NaN / Infinity / -Infinity (the message names the field) and no integer
+     past Python's digit limit;
   6. the top level is an object whose `schema_version` equals TRACE_SCHEMA_VERSION;
-  7. it validates as a `Trace` (the message lists the first few errors with their locations).
+  7. it validates as a `Trace`, bounds included (the message lists the first few errors with their
+     locations).
 """
 from __future__ import annotations
 
@@ -152,8 +154,13 @@ def _parse_json(text: str):
         return json.loads(text, parse_constant=reject)
     except json.JSONDecodeError as e:
         raise TraceError(f"trace is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:   # an integer past Python's digit limit (sys.set_int_max_str_digits)
+        raise TraceError(f"trace is not valid JSON: {e}") from None
     except _NonFinite as e:
-        where = _find_non_finite(json.loads(text, parse_constant=_Marker))
+        try:
+            where = _find_non_finite(json.loads(text, parse_constant=_Marker))
+        except ValueError:
+            where = "(unknown place)"
         raise TraceError(f"trace holds {e.literal} at {where}; numbers in a trace must be finite") from None
 
 
