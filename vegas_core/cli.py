@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+from pathlib import Path
 
-from .errors import VegasError
+from .errors import TraceError, VegasError
 from .sampling import SamplingParams
 from .spec import GRANULARITIES, METHODS, SpecParams
 
@@ -54,12 +56,16 @@ def _params(args) -> tuple[SamplingParams, SpecParams]:
 
 
 def generate(args) -> int:
-    from .engine import Engine
+    from .engine import Engine, check_unicode
     from .options import EngineOptions
     from .trace import save_trace
     from .trace_builder import build_trace
 
-    sampling, spec = _params(args)  # validate before the model loads: bad input fails fast
+    # Validate before the model loads: bad input fails fast, not after a whole generation.
+    sampling, spec = _params(args)
+    check_unicode(args.prompt, "the prompt")
+    if args.trace:
+        _check_trace_path(args.trace)
     engine = Engine(args.model, args.device, args.dtype, spec,
                     EngineOptions(trace=bool(args.trace), attention=args.attention,
                                   cuda_graphs="off" if args.eager else "auto"))
@@ -71,8 +77,6 @@ def generate(args) -> int:
         if not args.json:
             print(ev.text_delta, end="", flush=True)
     res = engine.last_result
-    if args.trace:
-        save_trace(build_trace(engine, [res], spec, sampling, prompt_texts=[args.prompt]), args.trace)
     if args.json:
         out = dict(text=res.text, token_ids=res.token_ids, prompt_tokens=res.prompt_tokens,
                    generated_tokens=res.generated_tokens, finish_reason=res.finish_reason,
@@ -86,7 +90,20 @@ def generate(args) -> int:
         mal = res.mean_acceptance_length
         print(f"[{res.generated_tokens} tokens, {res.decode_tokens_per_s:.1f} tokens/s"
               + (f", mean acceptance length {mal:.2f}" if mal else "") + f", {res.finish_reason}]", file=sys.stderr)
+    if args.trace:   # after the result is out: a failed write does not lose the generation
+        save_trace(build_trace(engine, [res], spec, sampling, prompt_texts=[args.prompt]), args.trace)
     return 0
+
+
+def _check_trace_path(path: str) -> None:
+    target = Path(path)
+    if target.is_dir():
+        raise TraceError(f"--trace {path!r} is a directory; give a file name")
+    folder = target.parent
+    if not folder.is_dir():
+        raise TraceError(f"--trace {path!r}: the directory {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise TraceError(f"--trace {path!r}: the directory {str(folder)!r} is not writable")
 
 
 def _finite(x):
@@ -104,4 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as other tools do; stdout goes to
+        # /dev/null so that the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 1

@@ -5,9 +5,16 @@ asked), drives the `EngineCore`, detokenizes incrementally and applies stop stri
     [result] = engine.generate(["What is 2+2?"], SamplingParams(max_tokens=32), chat=True)
     for event in engine.stream("Tell me a story", spec=SpecParams(method="vegas")):
         print(event.text_delta, end="")
+
+Threads: one `Engine` may be shared. Every public method takes the engine's lock, so concurrent
+callers are served one at a time, never interleaved inside a step: `generate` holds the lock for the
+whole call; `stream` holds it while it steps and, between the events it yields, keeps its request
+held (paused), so a stream whose consumer is elsewhere neither decodes inside other callers' steps nor
+blocks them. A stream owns its request's pause state.
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -101,7 +108,9 @@ class _Tracker:
         self.spec_iterations = self.accepted = self.iterations = 0
         self.per_position = [0] * req.spec.gamma
 
-    def update(self, out: StepOutput) -> tuple[str, bool]:
+    def update(self, out: StepOutput) -> tuple[str, int | None]:
+        """(text delta, None) or, when a stop string appeared, (delta up to the stop, how many of
+        this step's new tokens to keep)."""
         self.iterations += 1
         if out.num_drafted:
             self.spec_iterations += 1
@@ -113,15 +122,34 @@ class _Tracker:
         if out.finished:
             delta += self.decoder.flush()
         full = self.text + delta
-        start = max(0, len(self.text) - self.longest_stop + 1)   # a stop may straddle old and new text
+        if self._find_stop(full, len(self.text)) is None:
+            self.text = full
+            return delta, None
+        return self._cut_at_stop(len(out.new_token_ids))
+
+    def _find_stop(self, text: str, old_len: int) -> int | None:
+        """Where the first stop string (in the order given) starts, looking from where one could
+        straddle the old text and the new."""
+        start = max(0, old_len - self.longest_stop + 1)
         for stop in self.req.sampling.stop:
-            at = full.find(stop, start)
+            at = text.find(stop, start)
             if at != -1:
-                full = full[:at]
-                delta, self.text = full[len(self.text):], full
-                return delta, True
-        self.text = full
-        return delta, False
+                return at
+        return None
+
+    def _cut_at_stop(self, num_new: int) -> tuple[str, int]:
+        """A speculative iteration (or a chained GPU decode) emits several tokens at once: keep
+        only those up to the one that completed the stop string, as one-token steps would have."""
+        ids, before = self.req.output_ids, len(self.req.output_ids) - num_new
+        emitted = previous = self.text
+        for keep in range(1, num_new + 1):
+            text = self.tok.decode(ids[:before + keep])
+            at = self._find_stop(text, len(previous))
+            if at is not None:
+                self.text = text[:at]
+                return self.text[len(emitted):], keep
+            previous = text
+        raise AssertionError("a stop string found in the streamed text is not in the decoded text")
 
 
 class Engine:
@@ -137,15 +165,22 @@ class Engine:
                                spec or SpecParams(method="vanilla"))
         self.load_time_s = time.perf_counter() - t
         self._trackers: dict[int, _Tracker] = {}
+        self._lock = threading.RLock()   # see the module docstring: callers are served one at a time
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int], chat: bool = False,
                       system: str | None = None) -> list[int]:
         if isinstance(prompt, list):
             return prompt
-        if not isinstance(prompt, str) or not prompt.strip():
+        if not isinstance(prompt, str):
+            raise InvalidRequestError(
+                f"the prompt must be text or a list of token ids, got {type(prompt).__name__}")
+        if not prompt.strip():
             raise InvalidRequestError("the prompt is empty")
+        check_unicode(prompt, "the prompt")
         if chat:
+            if system is not None:
+                check_unicode(system, "the system prompt")
             messages = ([{"role": "system", "content": system}] if system else []) + \
                        [{"role": "user", "content": prompt}]
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -155,6 +190,10 @@ class Engine:
     def add(self, prompt: str | list[int], sampling: SamplingParams | None = None,
             spec: SpecParams | None = None, chat: bool = False) -> Request:
         ids = self.encode_prompt(prompt, chat)
+        with self._lock:
+            return self._add_ids(ids, sampling, spec)
+
+    def _add_ids(self, ids: list[int], sampling: SamplingParams | None, spec: SpecParams | None) -> Request:
         req = self.core.add_request(ids, sampling or SamplingParams(), spec)
         self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
         return req
@@ -163,32 +202,44 @@ class Engine:
              spec: SpecParams | None = None) -> Request:
         """A request with `parent`'s prompt whose KV cache starts as a copy of the parent's
         (`EngineCore.fork`): comparing settings on one prompt pays for its prefill once."""
-        req = self.core.fork(parent, sampling or SamplingParams(), spec)
-        self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
-        return req
+        with self._lock:
+            req = self.core.fork(parent, sampling or SamplingParams(), spec)
+            self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
+            return req
 
     def pause(self, request_id: int) -> None:
-        self.core.pause(request_id)
+        with self._lock:
+            self.core.pause(request_id)
 
     def resume(self, request_id: int, iterations: int | None = None) -> None:
-        self.core.resume(request_id, iterations)
+        with self._lock:
+            self.core.resume(request_id, iterations)
 
     def abort(self, request_id: int) -> None:
-        self.core.abort(request_id)
-        self._trackers.pop(request_id, None)
+        """Stop a request and free its pages and bookkeeping (a finished one: its bookkeeping)."""
+        with self._lock:
+            self.core.abort(request_id)
+            self._trackers.pop(request_id, None)
 
     def step(self) -> list[StreamEvent]:
-        events = []
-        for out in self.core.step():
-            tracker = self._trackers.get(out.request.request_id)
-            if tracker is None:
-                continue
-            delta, stopped = tracker.update(out)
-            if stopped and not out.finished:
-                self.core.finish(out.request, "stop")
-            events.append(StreamEvent(out.request.request_id, delta, out.new_token_ids, out.rejected_ids,
-                                      out.request.finished, out.request.finish_reason, out.iteration))
-        return events
+        with self._lock:
+            return [ev for out in self.core.step() if (ev := self._event(out)) is not None]
+
+    def _event(self, out: StepOutput) -> StreamEvent | None:
+        req = out.request
+        tracker = self._trackers.get(req.request_id)
+        if tracker is None:
+            return None
+        delta, keep = tracker.update(out)
+        new_ids = out.new_token_ids
+        if keep is not None:
+            if keep < len(new_ids):      # tokens past the stop string: not part of the output
+                del req.token_ids[len(req.token_ids) - (len(new_ids) - keep):]
+                new_ids = new_ids[:keep]
+                req.finish_reason = "stop"
+            self.core.finish(req, "stop")
+        return StreamEvent(req.request_id, delta, new_ids, out.rejected_ids, req.finished, req.finish_reason,
+                           out.iteration)
 
     def result(self, req: Request) -> GenerationResult:
         tr = self._trackers[req.request_id]
@@ -201,31 +252,87 @@ class Engine:
             spec_iterations=tr.spec_iterations, accepted=tr.accepted, per_position_accepted=tr.per_position,
             gamma=req.spec.gamma if req.spec.speculative else 0, num_preemptions=req.num_preemptions)
 
+    def _release(self, req: Request) -> None:
+        """However a call ends (result, exception, `break`, garbage collection): the request
+        stops, its pages go back and its tracker is dropped."""
+        with self._lock:
+            self.core.abort(req.request_id)
+            self._trackers.pop(req.request_id, None)
+
+    def _progress_mark(self) -> tuple:
+        """What a step can change besides emitting tokens: prefill, admission, preemption, holds."""
+        return tuple((r.request_id, r.num_cached, r.status, r.held) for r in self.core.requests.values())
+
+    def _step_checked(self) -> list[StreamEvent]:
+        """One step; raises when it changed nothing, since the next would not either (every
+        runnable request held, or waiting for pages that held requests keep)."""
+        before = self._progress_mark()
+        events = self.step()
+        if not events and self._progress_mark() == before:
+            raise InvalidRequestError("no request can make progress: the rest are paused, or wait for "
+                                      "KV pages that paused requests hold")
+        return events
+
     # -- batch and stream ----------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], sampling: SamplingParams | list[SamplingParams] | None = None,
                  spec: SpecParams | None = None, chat: bool = False, progress=None) -> list[GenerationResult]:
-        samplings = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-        reqs = [self.add(p, s, spec, chat) for p, s in zip(prompts, samplings)]
-        while any(not r.finished for r in reqs):
-            events = self.step()
-            if progress is not None:
-                progress(events)
-        results = [self.result(r) for r in reqs]
-        for r in reqs:
-            self._trackers.pop(r.request_id, None)
-        return results
+        """Every prompt is checked before any is queued; however the call ends, none of its
+        requests stays queued."""
+        if not isinstance(prompts, (list, tuple)):
+            raise InvalidRequestError(f"prompts must be a list of prompts, got {type(prompts).__name__}")
+        samplings = sampling if isinstance(sampling, (list, tuple)) else [sampling] * len(prompts)
+        if len(samplings) != len(prompts):
+            raise InvalidRequestError(f"{len(samplings)} sampling parameters for {len(prompts)} prompts: "
+                                      "give one, or one per prompt")
+        samplings = [s or SamplingParams() for s in samplings]
+        with self._lock:
+            encoded = []
+            for i, (p, s) in enumerate(zip(prompts, samplings)):
+                try:
+                    encoded.append(self.encode_prompt(p, chat))
+                    self.core._validate(encoded[-1], s, spec or self.core.spec)
+                except InvalidRequestError as e:
+                    raise InvalidRequestError(f"prompt {i}: {e}") from None
+            reqs = []
+            try:
+                for ids, s in zip(encoded, samplings):
+                    reqs.append(self._add_ids(ids, s, spec))
+                while any(not r.finished for r in reqs):
+                    events = self._step_checked()
+                    if progress is not None:
+                        progress(events)
+                return [self.result(r) for r in reqs]
+            finally:
+                for r in reqs:
+                    self._release(r)
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                spec: SpecParams | None = None, chat: bool = False) -> Iterator[StreamEvent]:
+        """Events of one request as it decodes. Between events its request is held, so it decodes
+        only while this generator is being iterated; closing or dropping the generator frees it."""
         req = self.add(prompt, sampling, spec, chat)
         try:
             while not req.finished:
-                for ev in self.step():
-                    if ev.request_id == req.request_id:
-                        yield ev
+                with self._lock:
+                    self.core.resume(req.request_id)
+                    try:
+                        events = []
+                        while not req.finished and not events:
+                            events = [ev for ev in self._step_checked() if ev.request_id == req.request_id]
+                    finally:
+                        self.core.pause(req.request_id)
+                yield from events
+            self.last_result = self.result(req)
         finally:
-            if not req.finished:
-                self.core.abort(req.request_id)
-        self.last_result = self.result(req)
-        self._trackers.pop(req.request_id, None)
+            self._release(req)
 
+
+def check_unicode(text: str, what: str) -> None:
+    """Text that cannot be UTF-8 (a lone surrogate, e.g. a non-UTF-8 byte in a command-line
+    argument, which Python keeps as U+DC80..U+DCFF) is refused before the tokenizer sees it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        ch = ord(text[e.start])
+        what_char = f"byte 0x{ch - 0xDC00:02x}" if 0xDC80 <= ch <= 0xDCFF else f"lone surrogate U+{ch:04X}"
+        raise InvalidRequestError(f"{what} is not valid UTF-8 text: {what_char} at character {e.start}") from None

@@ -145,6 +145,9 @@ class EngineCore:
 
     def resume(self, request_id: int, iterations: int | None = None) -> None:
         """Let a held request run again: for good, or for `iterations` decode iterations (step-through)."""
+        if iterations is not None and (not isinstance(iterations, int) or isinstance(iterations, bool)
+                                       or iterations < 1):
+            raise InvalidRequestError(f"iterations must be None (run on) or an integer >= 1, got {iterations!r}")
         req = self.requests.get(request_id)
         if req is not None:
             req.held, req.iterations_left = False, iterations
@@ -376,8 +379,16 @@ class EngineCore:
 
     # -- convenience ---------------------------------------------------------------------------
     def run(self, progress=None) -> None:
-        """Step until every request has finished."""
+        """Step until every request has finished, or until a step changes nothing: then every
+        request left is held (paused) or waits for pages held ones keep, and only `resume` or
+        `abort` can change that (stepping on would spin)."""
+        def mark():
+            return [(r.request_id, r.num_cached, r.status, r.held) for r in self.requests.values()]
+
         while self.has_work:
-            self.step()
+            before = mark()
+            outputs = self.step()
             if progress is not None:
                 progress()
+            if not outputs and mark() == before:
+                return

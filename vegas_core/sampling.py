@@ -70,8 +70,8 @@ class SamplingParams:
             bad("top_k", "an integer >= -1 (-1 or 0 = disabled)")
         if not _is_number(self.min_p) or not 0 <= self.min_p <= 1:
             bad("min_p", "a number in [0, 1]")
-        if self.seed is not None and not _is_int(self.seed):
-            bad("seed", "an integer or None")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < 1 << 64):
+            bad("seed", "an integer in [0, 2**64) or None")   # larger ones would collide mod 2**64
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             bad("max_tokens", "an integer >= 1")
         if not isinstance(self.stop, tuple) or not all(isinstance(s, str) and s for s in self.stop):

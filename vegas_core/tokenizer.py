@@ -3,9 +3,9 @@
 Contract: `Tokenizer` wraps a `tokenizers.Tokenizer` (the Rust fast tokenizer) built either from a
 GGUF file's metadata (`from_gguf_metadata`) or from a Hugging Face directory (`from_hf_dir`); it
 never imports transformers. `apply_chat_template` renders the model's own Jinja template in a
-sandbox, the way transformers does (trim_blocks, lstrip_blocks, loopcontrols, a non-escaping
-`tojson`). `IncrementalDecoder` turns a growing list of generated ids into text deltas whose
-concatenation (plus `flush()`) equals `decode(ids)`, never emitting half of a UTF-8 character.
+sandbox with time and size limits (`chat_template`). `IncrementalDecoder` turns a growing list of
+generated ids into text deltas whose concatenation (plus `flush()`) equals `decode(ids)`, never
+emitting half of a UTF-8 character.
 The engine itself knows nothing about tokenization: it only sees ids.
 """
 from __future__ import annotations
@@ -13,15 +13,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable
-from datetime import datetime
 from functools import lru_cache
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
+from .chat_template import ChatTemplate, compile_chat_template
 from .errors import InvalidRequestError, ModelLoadError
 
 # llama.cpp token types (tokenizer.ggml.token_type)
@@ -146,18 +144,18 @@ class Tokenizer:
         try:
             backend = BackendTokenizer.from_file(tok_file)
             cfg = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
+            template = cfg.get("chat_template")
+            if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+                named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+                template = named.get("default") or next(iter(named.values()), None)
+            if not isinstance(template, str):
+                template = None
+            jinja_file = os.path.join(path, "chat_template.jinja")
+            if os.path.isfile(jinja_file):  # transformers >= 4.50 saves the template here instead
+                with open(jinja_file, encoding="utf-8") as f:
+                    template = f.read()
         except Exception as exc:  # tokenizers raises a plain Exception on a malformed file
-            raise ModelLoadError(f"cannot read the tokenizer in {path}: {exc}") from exc
-        template = cfg.get("chat_template")
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            template = named.get("default") or next(iter(named.values()), None)
-        if not isinstance(template, str):
-            template = None
-        jinja_file = os.path.join(path, "chat_template.jinja")
-        if os.path.isfile(jinja_file):  # transformers >= 4.50 saves the template here instead
-            with open(jinja_file, encoding="utf-8") as f:
-                template = f.read()
+            raise ModelLoadError(f"cannot read the tokenizer in {path}: {exc}") from None
         return cls(backend, chat_template=template, bos_token=_token_content(cfg.get("bos_token")),
                    eos_token=_token_content(cfg.get("eos_token")), eos_token_ids=eos_token_ids,
                    add_bos_token=bool(cfg.get("add_bos_token", False)))
@@ -203,9 +201,9 @@ class Tokenizer:
             return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                                          **kwargs)
-        except (jinja2.TemplateError, TypeError, ValueError) as exc:
-            # raise_exception() in the template, or messages of the wrong shape (content None...)
-            raise InvalidRequestError(f"chat template refused the conversation: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 -- the template is the model's code: any failure is its own
+            # raise_exception() in the template, messages of the wrong shape (content None...), or a limit
+            raise InvalidRequestError(f"chat template refused the conversation: {exc}") from None
 
 
 class IncrementalDecoder:
@@ -243,22 +241,9 @@ class IncrementalDecoder:
         return self._tok.decode(window[:emitted], self._skip), self._tok.decode(window, self._skip)
 
 
-def _compile_template(source: str) -> jinja2.Template:
-    """The environment transformers renders chat templates in, minus its assistant-mask tracker."""
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson HTML-escapes; templates expect plain JSON
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+def _compile_template(source: str) -> ChatTemplate:
     try:
-        return env.from_string(source)
+        return compile_chat_template(source)
     except jinja2.TemplateSyntaxError as exc:
         raise ModelLoadError(f"the model's chat template does not parse: {exc}") from exc
 
@@ -266,7 +251,7 @@ def _compile_template(source: str) -> jinja2.Template:
 def _token_content(token) -> str | None:
     """tokenizer_config.json spells special tokens as a string or as an AddedToken dict."""
     if isinstance(token, dict):
-        return token.get("content")
+        token = token.get("content")
     return token if isinstance(token, str) else None
 
 
@@ -274,4 +259,7 @@ def _read_json(path: str) -> dict | None:
     if not os.path.isfile(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{os.path.basename(path)} does not hold a JSON object")
+    return data

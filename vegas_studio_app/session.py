@@ -4,7 +4,9 @@ Handlers of one session run concurrently (Stop, Pause and Step arrive while Gene
 controls live here rather than in `gr.State`, which a running generator would not see change.
 `paused` means two things: during a live run the engine holds the request (Step advances it one
 iteration); after a run, or for an uploaded trace, the view holds at `revealed` recorded iterations.
-The store is a bounded LRU: old sessions' traces are dropped, so memory stays bounded.
+The store is a bounded LRU: old sessions' traces are dropped, so memory stays bounded, in sessions
+(`capacity`) and in bytes: the uploaded traces that sessions hold share `upload_budget_bytes`, and
+past it the least recently used sessions holding one are dropped.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ class Session:
     source: str = ""                    # "live", "replay" or ""
     streaming: bool = False             # the Generate stream of `handle` is in flight (live step-through)
     run_info: tuple | None = None       # (SpecParams, SamplingParams) of the live run
+    upload_bytes: int = 0               # memory its uploaded trace is counted as (`SessionStore.charge_upload`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -45,8 +48,9 @@ class Session:
 
 
 class SessionStore:
-    def __init__(self, capacity: int = 256):
+    def __init__(self, capacity: int = 256, upload_budget_bytes: int = 1 << 30):
         self.capacity = capacity
+        self.upload_budget_bytes = upload_budget_bytes
         self._items: OrderedDict[str, Session] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -62,6 +66,24 @@ class SessionStore:
             else:
                 self._items.move_to_end(key)
             return s
+
+    def charge_upload(self, session: Session, nbytes: int) -> None:
+        """Count `session`'s uploaded trace as `nbytes` (replacing what its last one counted); past
+        the budget, drop the least recently used other sessions that hold one."""
+        with self._lock:
+            session.upload_bytes = nbytes
+            total = sum(s.upload_bytes for s in self._items.values())
+            for key, old in list(self._items.items()):       # oldest first
+                if total <= self.upload_budget_bytes:
+                    break
+                if old is not session and old.upload_bytes:
+                    del self._items[key]
+                    old.stop()
+                    total -= old.upload_bytes
+
+    @property
+    def upload_bytes(self) -> int:
+        return sum(s.upload_bytes for s in self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)

@@ -31,7 +31,11 @@ from .session import Session, SessionStore
 from .worker import EngineWorker
 
 MAX_PROMPT_CHARS = 20_000
-MAX_UPLOAD_BYTES = 20 * 1024 * 1024
+# A trace file in memory, as pydantic models, takes up to ~20x its size (measured: dense drafts are
+# the worst case), and replaying it costs about 0.35 s a MB on a 2-core machine: 8 MB keeps any
+# upload within 5 s and 300 MB (tests/vegas_studio_app/test_replay_limits.py).
+MAX_UPLOAD_BYTES = 8 * 1024 * 1024
+UPLOAD_MEMORY_FACTOR = 20
 RENDER_INTERVAL_S = 0.15
 STEP_WAIT_S = 30.0      # how long Pause / Step wait for the engine's iteration before the stream shows it
 
@@ -90,7 +94,9 @@ class Studio:
         self.worker = worker
         self.store = SessionStore()
         self.results_dir = results_dir
-        self.export_root = Path(export_root or tempfile.mkdtemp(prefix="vegas-studio-"))
+        # Removed when the Studio is garbage-collected or the process exits (exports live with it).
+        self._export_dir = None if export_root else tempfile.TemporaryDirectory(prefix="vegas-studio-")
+        self.export_root = Path(export_root or self._export_dir.name)
         self.max_upload_bytes = max_upload_bytes
 
     # -- status --------------------------------------------------------------------------------
@@ -543,6 +549,7 @@ class Studio:
             s.live_iterations = list(req.iterations)
             s.live_texts = dict(trace.token_texts)
             s.live_output = list(req.output_token_ids)
+        self.store.charge_upload(s, UPLOAD_MEMORY_FACTOR * os.path.getsize(path))
         n_it = sum(len(r.iterations) for r in trace.requests)
         status = (f"Replaying {os.path.basename(path)}: {trace.model.name} on {trace.model.device}, method "
                   f"{trace.config.method}, {len(trace.requests)} request(s), {n_it} iterations, recorded {trace.created}.")

@@ -19,7 +19,8 @@ NAN, INF = float("nan"), float("inf")
     ("max_tokens", 0, ">= 1"), ("max_tokens", -5, ">= 1"), ("max_tokens", 3.0, ">= 1"),
     ("stop", "eos", "non-empty strings"), ("stop", ("a", ""), "non-empty strings"),
     ("stop", ("a", 3), "non-empty strings"), ("stop", None, "non-empty strings"),
-    ("seed", "42", "integer or None"),
+    ("seed", "42", "[0, 2**64) or None"), ("seed", 1 << 64, "[0, 2**64) or None"),
+    ("seed", -1, "[0, 2**64) or None"),
 ])
 def test_bad_params_raise_naming_field_value_and_range(field, value, range_text):
     with pytest.raises(InvalidRequestError) as exc:

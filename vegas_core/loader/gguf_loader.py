@@ -178,7 +178,7 @@ def load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenize
         tokenizer = Tokenizer.from_gguf_metadata(metadata)
         config = gguf_config(metadata, {t.name: t.shape for t in tensors}, tokenizer)
         weights = _load_weights(buf, tensors, config)
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ZeroDivisionError,
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, ArithmeticError, MemoryError,
             NotImplementedError) as exc:  # metadata of the wrong shape or type; a type gguf cannot dequantize
         raise ModelLoadError(f"{path}: inconsistent GGUF metadata or tensors ({type(exc).__name__}: {exc})") from None
     return config, weights, tokenizer

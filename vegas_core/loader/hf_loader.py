@@ -28,7 +28,7 @@ def load_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokeni
     """eos ids: config.json's, then generation_config.json's, then the tokenizer's eos token."""
     cfg = _read_json(os.path.join(path, "config.json"))
     gen = _read_json(os.path.join(path, "generation_config.json"), missing_ok=True) or {}
-    eos = _ids(cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))
+    eos = _ids(cfg.get("eos_token_id"), "config.json") + _ids(gen.get("eos_token_id"), "generation_config.json")
     config = hf_config(cfg)  # before the tokenizer: an unsupported model_type is the first thing to say
     tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=eos)
     config = replace(config, eos_token_ids=tokenizer.eos_token_ids,
@@ -49,37 +49,65 @@ def hf_config(cfg: dict) -> ModelConfig:
     if cfg.get("mlp_bias"):
         raise UnsupportedArchitectureError(f"{model_type} with mlp_bias=true is not supported")
     arch, default_context = _HF_ARCHS[model_type]
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
+    rope = _dict_or_none(cfg, "rope_parameters") or {}
+    scaling = _dict_or_none(cfg, "rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling:  # old spelling: {"type": "linear", ...}
         scaling = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
         if scaling.get("rope_type") in (None, "default"):
             scaling = None
+    hidden, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
     try:
-        hidden, heads = cfg["hidden_size"], cfg["num_attention_heads"]
         return ModelConfig(
             arch=arch,
-            vocab_size=cfg["vocab_size"],
+            vocab_size=_int(cfg, "vocab_size"),
             hidden_size=hidden,
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            intermediate_size=_int(cfg, "intermediate_size"),
+            num_layers=_int(cfg, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or hidden // heads,
-            max_position_embeddings=cfg.get("max_position_embeddings", default_context),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta") or rope.get("rope_theta") or 10000.0),
+            num_kv_heads=_int(cfg, "num_key_value_heads", heads),
+            head_dim=_int(cfg, "head_dim", hidden // heads),
+            max_position_embeddings=_int(cfg, "max_position_embeddings", default_context),
+            rms_norm_eps=_float(cfg, "rms_norm_eps", 1e-6),
+            rope_theta=_float(cfg, "rope_theta", None) if cfg.get("rope_theta") is not None
+            else _float(rope, "rope_theta", 10000.0),
             rope_scaling=scaling or None,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama/Qwen3 have q/k/v *and* o_proj biases when set
             attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
             qk_norm=arch == "qwen3",
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=tuple(_ids(cfg.get("eos_token_id"))),
+            bos_token_id=(_ids(cfg.get("bos_token_id"), "config.json") or [None])[0],
+            eos_token_ids=tuple(_ids(cfg.get("eos_token_id"), "config.json")),
             name=str(cfg.get("_name_or_path", "")),
         )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"config.json is missing or has a bad value for {exc}") from None
+    except ValueError as exc:   # ModelConfig's own checks (heads not a multiple of KV heads)
+        raise ModelLoadError(f"config.json: {exc}") from None
+
+
+def _int(cfg: dict, key: str, default: int | None = None) -> int:
+    """A positive whole number (null or absent: `default`). 4.0 is refused, not truncated:
+    a checkpoint that writes sizes as floats is not one we know how to read."""
+    v = cfg.get(key)
+    if v is None and default is not None:
+        return default
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ModelLoadError(f"config.json: {key} must be a positive integer, got {v!r}")
+    return v
+
+
+def _float(cfg: dict, key: str, default: float | None) -> float | None:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        raise ModelLoadError(f"config.json: {key} must be a number, got {v!r}")
+    return float(v)
+
+
+def _dict_or_none(cfg: dict, key: str) -> dict | None:
+    v = cfg.get(key)
+    if v is not None and not isinstance(v, dict):
+        raise ModelLoadError(f"config.json: {key} must be an object or null, got {v!r}")
+    return v
 
 
 def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
@@ -87,7 +115,13 @@ def _load_safetensors(path: str) -> dict[str, torch.Tensor]:
 
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):  # sharded: the index names the shards
-        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ModelLoadError(f"{index} has no weight_map (an object naming each weight's shard)")
+        shards = sorted(set(weight_map.values()))
+        bad = next((s for s in shards if not isinstance(s, str) or os.path.basename(s) != s), None)
+        if bad is not None:
+            raise ModelLoadError(f"{index}: shard {bad!r} is not a file name in the model directory")
         files = [os.path.join(path, s) for s in shards]
     else:
         files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -119,8 +153,10 @@ def _read_json(path: str, missing_ok: bool = False) -> dict | None:
     return data
 
 
-def _ids(value) -> list[int]:
-    """eos_token_id is spelled as an int, a list of ints, or null."""
-    if value is None:
-        return []
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+def _ids(value, where: str) -> list[int]:
+    """A token id is spelled as an int, a list of ints, or null."""
+    values = [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+    bad = next((v for v in values if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+    if bad is not None:
+        raise ModelLoadError(f"{where}: token ids must be integers >= 0 (or a list of them), got {value!r}")
+    return values

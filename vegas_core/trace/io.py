@@ -7,15 +7,18 @@ failure one `TraceError` with one message:
   3. it is UTF-8;
   4. its bracket nesting is at most `max_depth`, by a linear scan that skips string contents, before
      any Python object is built (so `[[[[...` 100k deep neither recurses nor crashes);
-  5. it is JSON, with no NaN / Infinity / -Infinity (the message names the field);
+  5. it is JSON, with no NaN / Infinity / -Infinity (the message names the field) and no integer
+     past Python's digit limit;
   6. the top level is an object whose `schema_version` equals TRACE_SCHEMA_VERSION;
-  7. it validates as a `Trace` (the message lists the first few errors with their locations).
+  7. it validates as a `Trace`, bounds included (the message lists the first few errors with their
+     locations).
 """
 from __future__ import annotations
 
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -35,10 +38,18 @@ _KIND[list(b"[{")], _KIND[list(b"]}")], _KIND[ord('"')], _KIND[ord("\\")] = 1, -
 
 def save_trace(trace: Trace, path: str | os.PathLike) -> None:
     """Write `trace` as compact UTF-8 JSON; the file appears whole or not at all."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(trace.model_dump_json(), encoding="utf-8")
-    os.replace(tmp, path)
+    path, tmp = Path(path), None
+    try:
+        # A unique name beside the target: concurrent writers never share a temporary file.
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(trace.model_dump_json())
+        os.chmod(tmp, 0o644)        # what a plain open() would give, not mkstemp's 0600
+        os.replace(tmp, path)
+    except OSError as e:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise TraceError(f"cannot write the trace to {os.fspath(path)!r}: {e.strerror or e}") from None
 
 
 def load_trace(path: str | os.PathLike, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -143,8 +154,13 @@ def _parse_json(text: str):
         return json.loads(text, parse_constant=reject)
     except json.JSONDecodeError as e:
         raise TraceError(f"trace is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except ValueError as e:   # an integer past Python's digit limit (sys.set_int_max_str_digits)
+        raise TraceError(f"trace is not valid JSON: {e}") from None
     except _NonFinite as e:
-        where = _find_non_finite(json.loads(text, parse_constant=_Marker))
+        try:
+            where = _find_non_finite(json.loads(text, parse_constant=_Marker))
+        except ValueError:
+            where = "(unknown place)"
         raise TraceError(f"trace holds {e.literal} at {where}; numbers in a trace must be finite") from None
 
 

@@ -7,17 +7,23 @@ the *batched* engine step it belonged to (requests of one step share them), so a
 per request. `emitted` is what an iteration produced; a request's `output_token_ids` may be shorter
 when a stop token or `max_tokens` cut the last iteration short, and it is not cross-checked here.
 
+A trace is checked against the model it declares before anything is built from it: every count,
+position, list and string is bounded (`fields.MAX_*`), token ids lie in the model's vocabulary,
+positions within their request's tokens, and a selection's sets times positions stay below
+MAX_SELECTION_CELLS, so replaying any valid file costs time and memory in proportion to its size.
+
 Changing any field means bumping `TRACE_SCHEMA_VERSION`.
 """
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from . import aggregates
-from .fields import NonNegFloat, NonNegInt, Probability, Recall
+from .fields import (MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_REQUESTS, MAX_SELECTION_CELLS,
+                     MAX_TEXT_CHARS, MAX_VOCAB, NonNegFloat, NonNegInt, Position, Probability, Recall, TokenId)
 from .fields import StrictModel as _Strict
 from .selection import Granularity, Selection
 
@@ -28,15 +34,15 @@ Method = Literal["vanilla", "stream", "quest", "specextend", "vegas", "vegas-all
 
 class ModelInfo(_Strict):
     """The model the run used (enough to label plots and check selection shapes)."""
-    name: str
-    arch: str
-    num_layers: int = Field(ge=1)
-    num_heads: int = Field(ge=1)
-    num_kv_heads: int = Field(ge=1)
-    head_dim: int = Field(ge=1)
-    vocab_size: int = Field(ge=1)
-    dtype: str
-    device: str
+    name: str = Field(max_length=1024)
+    arch: str = Field(max_length=64)
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    num_heads: int = Field(ge=1, le=MAX_HEADS)
+    num_kv_heads: int = Field(ge=1, le=MAX_HEADS)
+    head_dim: int = Field(ge=1, le=MAX_HEAD_DIM)
+    vocab_size: int = Field(ge=1, le=MAX_VOCAB)
+    dtype: str = Field(max_length=64)
+    device: str = Field(max_length=64)
 
     @model_validator(mode="after")
     def _heads_divide(self):
@@ -51,20 +57,20 @@ class RunConfig(_Strict):
     granularity: Granularity = "layer"
     gamma: int = Field(ge=1, le=16)
     sparsity: float = Field(gt=0.0, le=1.0)
-    min_budget: NonNegInt = 0
-    sink: NonNegInt = 0
-    page_size: int = Field(default=16, ge=1)
+    min_budget: Position = 0
+    sink: Position = 0
+    page_size: int = Field(default=16, ge=1, le=MAX_CONTEXT)
     temperature: NonNegFloat = 0.0
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: NonNegInt = 0
+    top_k: int = Field(default=0, ge=0, le=MAX_VOCAB)
     min_p: Probability = 0.0
-    seed: int | None = None
-    max_tokens: int = Field(ge=1)
+    seed: int | None = Field(default=None, ge=0, lt=1 << 64)
+    max_tokens: int = Field(ge=1, le=MAX_CONTEXT)
 
 
 class DraftToken(_Strict):
     """One drafted token with its draft probability q and target probability p."""
-    token_id: NonNegInt
+    token_id: TokenId
     draft_prob: Probability
     target_prob: Probability
     accepted: bool
@@ -76,16 +82,16 @@ class Iteration(_Strict):
     a plain non-speculative step (no drafts)."""
     index: NonNegInt                 # iteration number within the request
     step: NonNegInt                  # global engine step (requests of one batch share it)
-    position: NonNegInt              # verified cache length at iteration start
-    drafts: list[DraftToken]         # accepted ones first
+    position: Position               # verified cache length at iteration start
+    drafts: list[DraftToken] = Field(max_length=16)    # accepted ones first (gamma <= 16)
     num_accepted: NonNegInt
-    emitted: list[int]               # accepted draft ids + final_token
-    final_token: NonNegInt
+    emitted: list[TokenId] = Field(max_length=17)      # accepted draft ids + final_token
+    final_token: TokenId
     final_kind: Literal["correction", "bonus", "decode"]
     # The set this iteration's drafts attended (quest reselects per draft step: its first step's set).
     selection: Selection | None = None
     # Per layer: share of the draft queries' full-attention mass the set covers, mean over draft steps.
-    recall: list[Recall] | None = None
+    recall: list[Recall] | None = Field(default=None, max_length=MAX_LAYERS)
     # Wall or CUDA-event times of the batched step this iteration belonged to.
     draft_ms: NonNegFloat = 0.0
     select_ms: NonNegFloat = 0.0
@@ -113,21 +119,26 @@ class Iteration(_Strict):
 
 class RequestTrace(_Strict):
     """Everything recorded about one request; `iterations[i].index == i`."""
-    request_id: str
-    prompt_token_ids: list[NonNegInt]
-    prompt_text: str | None = None
-    output_token_ids: list[NonNegInt]
-    output_text: str = ""
+    request_id: str = Field(max_length=256)
+    prompt_token_ids: list[TokenId] = Field(max_length=MAX_CONTEXT)
+    prompt_text: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    output_token_ids: list[TokenId] = Field(max_length=MAX_CONTEXT)
+    output_text: str = Field(default="", max_length=MAX_TEXT_CHARS)
     finish_reason: Literal["stop", "length", "abort", "error"]
-    iterations: list[Iteration] = Field(default_factory=list)
+    iterations: list[Iteration] = Field(default_factory=list, max_length=MAX_CONTEXT)
     decode_time_s: NonNegFloat = 0.0
     prefill_time_s: NonNegFloat = 0.0
 
     @model_validator(mode="after")
     def _ordered(self):
+        length = len(self.prompt_token_ids) + len(self.output_token_ids)
+        if length > MAX_CONTEXT:
+            raise ValueError(f"prompt and output hold {length} tokens, over the {MAX_CONTEXT} limit")
         for i, it in enumerate(self.iterations):
             if it.index != i:
                 raise ValueError(f"iterations[{i}] has index {it.index}; iterations must be listed in order from 0")
+            if it.position > length:
+                raise ValueError(f"iterations[{i}] is at position {it.position}, past the request's {length} tokens")
         return self
 
     # Metrics (see aggregates.py for definitions).
@@ -158,11 +169,12 @@ class Trace(_Strict):
     per-request times do not add up); when absent, throughput uses the iteration timeline's span.
     `token_texts` maps token ids appearing in the trace to their text, for replay without the model."""
     schema_version: Literal[1] = TRACE_SCHEMA_VERSION
-    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created: str = Field(max_length=64, default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     model: ModelInfo
     config: RunConfig
-    requests: list[RequestTrace] = Field(default_factory=list)
-    token_texts: dict[int, str] = Field(default_factory=dict)
+    requests: list[RequestTrace] = Field(default_factory=list, max_length=MAX_REQUESTS)
+    token_texts: dict[TokenId, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict,
+                                                                             max_length=MAX_VOCAB)
     decode_time_s: NonNegFloat | None = None
 
     @field_validator("created")
@@ -177,6 +189,7 @@ class Trace(_Strict):
     @model_validator(mode="after")
     def _shapes_match_model(self):
         m, gamma = self.model, self.config.gamma
+        _check_vocab(self, m.vocab_size)
         for r, req in enumerate(self.requests):
             for it in req.iterations:
                 where = f"requests[{r}].iterations[{it.index}]"
@@ -192,6 +205,10 @@ class Trace(_Strict):
                 if sel.heads is not None and len(sel.heads[0]) != m.num_kv_heads:
                     raise ValueError(
                         f"{where}: selection has {len(sel.heads[0])} KV heads per layer, the model {m.num_kv_heads}")
+                cells = m.num_layers * (m.num_kv_heads if sel.heads is not None else 1) * it.position
+                if cells > MAX_SELECTION_CELLS:
+                    raise ValueError(f"{where}: a selection over {it.position} positions in {m.num_layers} layers "
+                                     f"is {cells:,} cells, over the {MAX_SELECTION_CELLS:,} limit")
         return self
 
     @property
@@ -223,3 +240,19 @@ class Trace(_Strict):
         if seconds is None:
             seconds = aggregates.timeline_span_s(self.all_iterations)
         return aggregates.tokens_per_s(tokens, seconds)
+
+
+def _check_vocab(trace: Trace, vocab_size: int) -> None:
+    """Every token id in the trace lies in the vocabulary of the model it declares."""
+    def largest(ids) -> int:
+        return max(ids, default=-1)
+
+    for r, req in enumerate(trace.requests):
+        top = max(largest(req.prompt_token_ids), largest(req.output_token_ids),
+                  largest(t for it in req.iterations for t in it.emitted),
+                  largest(d.token_id for it in req.iterations for d in it.drafts))
+        if top >= vocab_size:
+            raise ValueError(f"requests[{r}] holds token id {top}, outside the model's vocabulary of {vocab_size}")
+    if largest(trace.token_texts) >= vocab_size:
+        raise ValueError(f"token_texts names token id {largest(trace.token_texts)}, outside the model's "
+                         f"vocabulary of {vocab_size}")

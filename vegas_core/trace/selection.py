@@ -1,16 +1,18 @@
 """The attended set of one draft phase, stored compactly (see positions.py for the encoding)."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
-from .fields import NonNegInt
+from .fields import MAX_CONTEXT, MAX_HEADS, MAX_LAYERS, Position
 from .fields import StrictModel as _Strict
 from .positions import decode_positions, encode_positions, looks_like_positions
 
 Granularity = Literal["layer", "kv-head"]
+# At most 9 bytes a position (a varint), base64: 12 characters for 9 bytes.
+PositionsText = Annotated[str, Field(max_length=12 * MAX_CONTEXT)]
 
 
 class Selection(_Strict):
@@ -18,10 +20,11 @@ class Selection(_Strict):
     last verification, always attended). `layers[l]` (granularity "layer") or `heads[l][h]`
     (granularity "kv-head") are `encode_positions` strings; `budget` is the kept count per set."""
     granularity: Granularity
-    base: NonNegInt
-    budget: NonNegInt
-    layers: list[str] | None = None
-    heads: list[list[str]] | None = None
+    base: Position
+    budget: Position
+    layers: list[PositionsText] | None = Field(default=None, max_length=MAX_LAYERS)
+    heads: list[Annotated[list[PositionsText], Field(max_length=MAX_HEADS)]] | None = Field(
+        default=None, max_length=MAX_LAYERS)
 
     @model_validator(mode="after")
     def _one_layout(self):
