@@ -8,8 +8,10 @@ asked), drives the `EngineCore`, detokenizes incrementally and applies stop stri
 
 Threads: one `Engine` may be shared. Every public method takes the engine's lock, so concurrent
 callers are served one at a time, never interleaved inside a step: `generate` holds the lock for the
-whole call; `stream` holds it while it steps and, between the events it yields, keeps its request
-held (paused), so a stream whose consumer is elsewhere neither decodes inside other callers' steps nor
+whole call; `stream` holds it while it steps. A stream suspended between the events it yields keeps
+its request running (so a lone stream keeps the GPU's chains launched ahead) until another caller
+steps the engine: that caller holds (pauses) it first, and the stream resumes it when iterated
+again. So a stream whose consumer is elsewhere neither decodes inside other callers' steps nor
 blocks them. A stream owns its request's pause state.
 """
 from __future__ import annotations
@@ -166,6 +168,8 @@ class Engine:
         self.load_time_s = time.perf_counter() - t
         self._trackers: dict[int, _Tracker] = {}
         self._lock = threading.RLock()   # see the module docstring: callers are served one at a time
+        # Requests of streams suspended between events -> whether another caller has paused it.
+        self._suspended: dict[int, bool] = {}
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int], chat: bool = False,
@@ -223,6 +227,10 @@ class Engine:
 
     def step(self) -> list[StreamEvent]:
         with self._lock:
+            for rid, paused in self._suspended.items():
+                if not paused:                 # a suspended stream's request sits this step out
+                    self.core.pause(rid)
+                    self._suspended[rid] = True
             return [ev for out in self.core.step() if (ev := self._event(out)) is not None]
 
     def _event(self, out: StepOutput) -> StreamEvent | None:
@@ -258,6 +266,7 @@ class Engine:
         with self._lock:
             self.core.abort(req.request_id)
             self._trackers.pop(req.request_id, None)
+            self._suspended.pop(req.request_id, None)
 
     def _progress_mark(self) -> tuple:
         """What a step can change besides emitting tokens: prefill, admission, preemption, holds."""
@@ -308,19 +317,23 @@ class Engine:
 
     def stream(self, prompt: str | list[int], sampling: SamplingParams | None = None,
                spec: SpecParams | None = None, chat: bool = False) -> Iterator[StreamEvent]:
-        """Events of one request as it decodes. Between events its request is held, so it decodes
-        only while this generator is being iterated; closing or dropping the generator frees it."""
-        req = self.add(prompt, sampling, spec, chat)
+        """Events of one request as it decodes. It decodes only while this generator is being
+        iterated or nobody else steps the engine (see the module docstring); closing or dropping
+        the generator frees it."""
+        with self._lock:   # suspended from the start: no other caller's step may decode it unseen
+            req = self.add(prompt, sampling, spec, chat)
+            rid = req.request_id
+            self._suspended[rid] = False
         try:
             while not req.finished:
                 with self._lock:
-                    self.core.resume(req.request_id)
-                    try:
-                        events = []
-                        while not req.finished and not events:
-                            events = [ev for ev in self._step_checked() if ev.request_id == req.request_id]
-                    finally:
-                        self.core.pause(req.request_id)
+                    if self._suspended.pop(rid, False):   # another caller held it meanwhile
+                        self.core.resume(rid)
+                    events = []
+                    while not req.finished and not events:
+                        events = [ev for ev in self._step_checked() if ev.request_id == rid]
+                    if not req.finished:
+                        self._suspended[rid] = False
                 yield from events
             self.last_result = self.result(req)
         finally:

@@ -15,7 +15,7 @@ import torch
 from tests.vegas_core.loader.tiny_files import (DELETE, hf_config_dict, tiny_weights, write_tiny_gguf,
                                                 write_tiny_hf_dir)
 from vegas_core.engine import Engine
-from vegas_core.engine_core import EngineOptions
+from vegas_core.options import EngineOptions
 from vegas_core.errors import ModelLoadError, VegasError
 from vegas_core.loader import load_model
 from vegas_core.sampling import SamplingParams
