@@ -138,7 +138,9 @@ class Studio:
                     yield {"finished": True, "finish_reason": ev.finish_reason, "error": ev.error,
                            "all_token_ids": list(res.token_ids) if res else [], "all_text": res.text if res else ""}
                     return
-                yield {"seq": seq, "token_ids": ev.new_token_ids, "text": ev.text_delta, "finished": False}
+                # Server times (wall clock) place any delay: engine thread -> this handler -> client.
+                yield {"seq": seq, "token_ids": ev.new_token_ids, "text": ev.text_delta, "finished": False,
+                       "t_engine": ev.t, "t_sent": time.time()}
                 seq += 1
         finally:
             if not handle.done:

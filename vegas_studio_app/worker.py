@@ -51,6 +51,7 @@ class LiveEvent:
     result: object | None = None           # GenerationResult, on the final event
     trace: object | None = None            # Trace, on the final event
     error: str | None = None
+    t: float = 0.0                         # wall clock when the engine thread emitted it
 
 
 @dataclass(eq=False)
@@ -285,7 +286,7 @@ class EngineWorker:
                 ids.update(ev.iteration["emitted"])   # a stop can cut emitted tokens from the output
                 h.iterations_sent += 1
             h.events.put(LiveEvent(list(ev.new_token_ids), ev.text_delta, list(ev.rejected_ids), ev.iteration,
-                                   {t: self._text(t) for t in ids}))
+                                   {t: self._text(t) for t in ids}, t=time.time()))
             if ev.finished:
                 self._finish(ev.request_id, ev.finish_reason)
         return bool(events)

@@ -1,0 +1,205 @@
+"""`python -m vegas_core.bench app`: the app against the engine it drives, in one run.
+
+First the engine alone (warmed up: graphs captured, kernels compiled) streams each prompt at batch 1
+and generates `--clients` prompts at once; then `python app.py` starts on the same device and the
+same prompts stream through its `stream_tokens` API with gradio_client, one client, then all clients
+at once. Per client: tokens/s over the decode (first to last token event), time to first token
+(from the submit), and the largest gap between events, with where each event was on the server
+(`t_engine`: the engine thread emitted it, `t_sent`: the API yielded it) so a gap can be placed:
+engine, hand-over, or transport. `ratio` fields: app / engine at the same batch. Greedy, chat
+prompts of `--prompt-tokens` tokens of real text, `--max-tokens` generated (both stop at the same
+end-of-sequence token, if one comes first).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from . import common, texts
+
+INSTRUCTION = "Summarise what the following source file provides:\n\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    common.add_model_arguments(p)
+    p.add_argument("--methods", nargs="+", default=["vanilla", "stream", "vegas"])
+    p.add_argument("--clients", type=int, default=8, help="clients at once in the second phase (default: 8)")
+    p.add_argument("--prompt-tokens", type=int, default=512, help="tokens of text per prompt (default: 512)")
+    p.add_argument("--max-tokens", type=int, default=256, help="generated tokens per request (default: 256)")
+    p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
+
+
+def run(args, argv: list[str]) -> str:
+    from ..engine import resolve_device
+    from ..loader import load_model
+    from ..spec import SpecParams
+    for m in args.methods:
+        SpecParams(method=m)       # validate before loading anything
+    device = resolve_device(args.device)
+    loaded = load_model(args.model)
+    tok = loaded.tokenizer
+    prompts = [INSTRUCTION + tok.decode(texts.long_text(args.prompt_tokens, tok, offset=i * args.prompt_tokens))
+               for i in range(args.clients)]
+    records = []
+    engine_rates = engine_alone(args, loaded, prompts)
+    gc.collect()
+    if device.type == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+    with AppServer(args) as app:
+        for method in args.methods:
+            app.stream(prompts[0], method)                       # warm-up: graphs, kernels
+            one = app.stream(prompts[0], method)
+            many = app.together(prompts, method)
+            eng = engine_rates[method]
+            records.append(dict(
+                method=method, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
+                engine_1=eng["1"], engine_n=eng["n"], app_1=one, app_n=many,
+                ratio_1=_ratio(one["tokens_per_s"], eng["1"]["tokens_per_s"]),
+                ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"])))
+    path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
+                                clients=args.clients)
+    cols = ["method", "engine b=1 tok/s", "app 1 client", "ratio", "TTFT ms", "max gap ms",
+            f"engine b={args.clients}", f"app {args.clients} clients", "ratio"]
+    rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["app_1"]["tokens_per_s"], r["ratio_1"],
+             1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"], r["engine_n"]["tokens_per_s"],
+             r["app_n"]["tokens_per_s"], r["ratio_n"]] for r in records]
+    common.print_table(f"app vs engine: {common.device_description(device)}, {args.prompt_tokens}-token "
+                       f"prompts, {args.max_tokens} tokens, greedy", cols, rows)
+    print(f"wrote {path}")
+    return path
+
+
+def _ratio(a, b):
+    return a / b if a and b else None
+
+
+def engine_alone(args, loaded, prompts: list[str]) -> dict:
+    """tokens/s of the engine by itself, warmed up: one prompt streamed at batch 1 (first to last
+    token), and every prompt at once (the batch's tokens over its wall time)."""
+    from ..engine import Engine
+    from ..options import EngineOptions
+    from ..sampling import SamplingParams
+    from ..spec import SpecParams
+    opts = EngineOptions(max_num_seqs=max(16, len(prompts)), kv_cache_bytes=4 << 30,
+                         attention=args.attention, cuda_graphs="off" if args.eager else "auto")
+    engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
+    sampling = SamplingParams(max_tokens=args.max_tokens)
+    out = {}
+    for method in args.methods:
+        spec = SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
+        engine.generate(prompts, sampling, spec, chat=True)                       # warm-up, batch n
+        for _ in engine.stream(prompts[0], sampling, spec, chat=True):            # warm-up, batch 1
+            pass
+        stamps, n_tokens = [], 0
+        for ev in engine.stream(prompts[0], sampling, spec, chat=True):
+            if ev.new_token_ids:
+                stamps.append(time.perf_counter())
+                n_tokens += len(ev.new_token_ids)
+        one = dict(tokens=n_tokens, tokens_per_s=_rate(n_tokens, stamps))
+        t = time.perf_counter()
+        res = engine.generate(prompts, sampling, spec, chat=True)
+        wall = time.perf_counter() - t
+        total = sum(r.generated_tokens for r in res)
+        out[method] = {"1": one, "n": dict(tokens=total, tokens_per_s=total / wall, wall_s=wall)}
+    del engine
+    return out
+
+
+def _rate(n_tokens: int, stamps: list[float]) -> float | None:
+    """Decode tokens/s between the first and the last token event (the first's tokens excluded)."""
+    if len(stamps) < 2:
+        return None
+    return (n_tokens - 1) / (stamps[-1] - stamps[0])
+
+
+class AppServer:
+    """`python app.py` on a free port for the benchmark's model and device, with a client."""
+
+    def __init__(self, args):
+        self.args = args
+
+    def __enter__(self):
+        from gradio_client import Client
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        cmd = [sys.executable, os.path.join(root, "app.py"), "--port", str(self.port),
+               "--concurrency", str(max(8, self.args.clients)), "--queue-size", str(4 * self.args.clients)]
+        for flag in ("model", "device", "dtype"):
+            if getattr(self.args, flag):
+                cmd += [f"--{flag}", getattr(self.args, flag)]
+        if self.args.eager:
+            cmd.append("--eager")
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
+        url = f"http://127.0.0.1:{self.port}/"
+        deadline = time.monotonic() + 600
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                raise RuntimeError(f"app.py did not start:\n{self.log.read()[-4000:]}")
+            try:
+                self.client = Client(url, verbose=False)
+                if self.client.predict(api_name="/pool").get("state") == "ready":
+                    return self
+            except Exception:    # not serving yet, or the model still loading
+                pass
+            time.sleep(1)
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+    def stream(self, prompt: str, method: str) -> dict:
+        """One streamed request: tokens/s between the first and last token events, TTFT from the
+        submit, the largest gap between events and where each event was on the server."""
+        t0 = time.time()
+        job = self.client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
+        events = []
+        for out in job:
+            if not out.get("finished"):
+                events.append((time.time(), len(out["token_ids"]), out.get("t_engine"), out.get("t_sent")))
+        final = job.result()
+        if final.get("error"):
+            raise RuntimeError(f"{method}: {final['error']}")
+        arrivals = [e[0] for e in events]
+        n_tokens = sum(e[1] for e in events)
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+        engine_gaps = [b[2] - a[2] for a, b in zip(events, events[1:]) if a[2] and b[2]]
+        return dict(tokens=n_tokens, events=len(events), tokens_per_s=_rate(n_tokens, arrivals),
+                    ttft_s=arrivals[0] - t0 if arrivals else None, max_gap_s=max(gaps, default=None),
+                    first_to_last_s=arrivals[-1] - arrivals[0] if arrivals else None,
+                    max_engine_gap_s=max(engine_gaps, default=None),
+                    max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
+                    max_handover_s=max((e[3] - e[2] for e in events if e[2] and e[3]), default=None))
+
+    def together(self, prompts: list[str], method: str) -> dict:
+        """Every prompt streamed by its own client at once: the tokens of all over the wall time."""
+        results: list = [None] * len(prompts)
+        t = time.time()
+
+        def one(i):
+            results[i] = self.stream(prompts[i], method)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.time() - t
+        if any(r is None for r in results):
+            raise RuntimeError(f"{method}: a client failed")
+        total = sum(r["tokens"] for r in results)
+        return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
+                    per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
+                    ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
