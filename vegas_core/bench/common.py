@@ -56,8 +56,9 @@ class TritonCompiles:
     """How many Triton kernels were compiled (or loaded from Triton's disk cache) since `install`:
     a step during which the count moves paid for a compile that no later step pays, so a
     benchmark leaves it out of the rate, as it leaves out the steps that captured a CUDA graph
-    (run 8 of the H200 e2e showed SpecExtend at 37 ms a step from one such compile). Chains any
-    hook already installed; `count` stays 0 where Triton is absent or interpreting (no compiles)."""
+    (one such compile once put SpecExtend at 37 ms a step: bench/NOTES.md,
+    bench.common.TritonCompiles). Chains any hook already installed; `count` stays 0 where Triton
+    is absent or interpreting (no compiles)."""
 
     def __init__(self):
         self.count = 0

@@ -198,10 +198,10 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     `prefill_parents`; requests the pool has no room to copy for prefill when they are admitted);
     the stable decode rate (see the module docstring) and the phase times per iteration, over the
     same steps as the rate but a step right after a warm-up step (its chain, launched ahead during
-    the warm-up, was timed across the capture or compile: model-card stream's draft_ms read 33 ms
-    in an 11 ms iteration in runs 28, 29 and 31). `compiles`: a callable giving the number of
-    Triton compiles so far (`common.TritonCompiles`); a step that moves it is left out like a
-    graph capture."""
+    the warm-up, was timed across the capture or compile, so its draft time could read three
+    times the iteration's: bench/NOTES.md, bench.e2e.run_workload). `compiles`: a callable giving
+    the number of Triton compiles so far (`common.TritonCompiles`); a step that moves it is left
+    out like a graph capture."""
     core = engine.core
     graphs = core.runner.graphs
     if parents is None:

@@ -1,10 +1,9 @@
 """The argmax of each row of a batch's logits, in Triton beside a PyTorch reference with the same
 signature: a greedy chain step's token (a draft, or a plain decode step chained on the GPU).
 
-Why a kernel: at a decode batch of 64 rows and SmolLM2's 49,152-token vocabulary, the head's bf16
-logits were cast to float32 (a 9 us copy) and `torch.argmax` reduced them in 17 us, about 26 us of a
-1.2 ms draft step (`bench/results/logs/profile-2026-12-02-h200-vegas-g8-greedy-run28.txt`): torch
-gives each row one block, 64 blocks on 132 SMs. Here each row is cut into BLOCK-wide chunks (one
+Why a kernel: the head's bf16 logits cast to float32 and `torch.argmax` took about 2 % of a draft
+step at batch 64 (bench/NOTES.md, argmax): torch gives each row one block, 64 blocks on 132 SMs,
+and the cast is a copy of its own. Here each row is cut into BLOCK-wide chunks (one
 program each) and a second launch reduces the chunks' winners, reading the logits once in their
 own dtype.
 

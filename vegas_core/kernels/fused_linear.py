@@ -54,15 +54,15 @@ def linear_add_reference(x, weight, residual, bias=None):
 
 # -- launch configurations ------------------------------------------------------------------------
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (N, K, silu_mul), measured on the H200
-# (a launch-configuration sweep at 64 rows); shapes not listed take DEFAULT_CONFIG. Chosen from
-# (N, K) alone so results do not depend on the number of rows (see the module docstring).
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) per (N, K, silu_mul): the fastest at 64 rows
+# on the H200 (bench/NOTES.md, fused_linear.CONFIGS); shapes not listed take DEFAULT_CONFIG. Chosen
+# from (N, K) alone so results do not depend on the number of rows (see the module docstring).
 CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
-    # SmolLM2-135M, the fastest at 64 rows in `linear-2026-12-02-h200-sweep.json`
-    (960, 576, False): (16, 32, 64, 4, 3),       # qkv        4.34 us
-    (576, 576, False): (64, 16, 128, 4, 3),      # o_proj     2.84 us
-    (1536, 576, True): (16, 64, 64, 4, 3),       # gate_up    6.03 us
-    (576, 1536, False): (64, 16, 128, 4, 3),     # down_proj  4.43 us
+    # SmolLM2-135M
+    (960, 576, False): (16, 32, 64, 4, 3),       # qkv
+    (576, 576, False): (64, 16, 128, 4, 3),      # o_proj
+    (1536, 576, True): (16, 64, 64, 4, 3),       # gate_up
+    (576, 1536, False): (64, 16, 128, 4, 3),     # down_proj
 }
 DEFAULT_CONFIG = (16, 32, 64, 4, 3)
 

@@ -5,9 +5,7 @@ exponential race of `vegas_core.sampling.sample_keyed` over the request's counte
 the same signatures in plain PyTorch (those two functions).
 
 Why: the PyTorch form sorts every row of the vocabulary for top-p, then hashes and races over
-[rows, V] in a dozen int64 passes: on the H200, 782 us for a 64-row draft step and 6.1 ms for a
-576-row verification at SmolLM2's 49,152 tokens, where this kernel takes 81 and 463 us
-(bench/results/sampling-2026-12-02-h200.json; bench/NOTES.md versions 26 and 28-30).
+[rows, V] in a dozen int64 passes, 10-13 times this kernel's time (bench/NOTES.md, sampling).
 
 The filter is a set of thresholds on the scaled logits x = logit / T (greedy rows, T = 0: a one-hot
 at the first argmax), so it needs no order, only the threshold (`probs_from_tensors` states the

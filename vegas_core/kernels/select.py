@@ -23,8 +23,7 @@ Vegas / SpecExtend (softmax re-materialisation from collected verification logit
   ``exp(logit - lse)`` (a log-sum-exp, so the ranking is the mean weight's), ``-inf`` at positions
   ``>= bases[b]``. float32 maths throughout. Log space because far keys' weights underflow to
   exactly 0 in float32: thousands of tied zeros per row sent torch.topk's radix select into its
-  slow path (28-36 ms a step for SpecExtend and per-KV-head Vegas on the H200,
-  bench/results/e2e-2026-12-01-h200-smoke.json), and their order is lost.
+  slow path (bench/NOTES.md, select.selection_scores), and their order is lost.
 - ``topk_positions(score, budgets)``: ``score [B, G, N]``, ``budgets`` int ``[B]`` with
   ``0 <= budgets[b] <= bases[b]``. Returns ``(positions int32 [B, G, Kmax], counts int32 [B])``,
   ``Kmax = max(budgets)`` (0 allowed): the first ``counts[b] = budgets[b]`` entries of each
@@ -371,8 +370,8 @@ def selection_scores(logits, lse, row_start, row_count, bases, kv_heads: int, gr
     every layer at once: ``logits [L, R, H, N]`` and ``lse [L, R, H]`` give ``[L, B, G, N]`` in one
     launch (the same requests and rows in every layer). Grid: (layer x request, group,
     ``block_n``-position tiles), each program walking rows x heads with one contiguous load each.
-    (Loading a [heads, 64 or 256] tile per row and reducing over its heads ran at 0.2-0.4 TB/s on
-    the H200: bench/results/logs/profile-2026-12-01-h200-vegas.txt, kernels-2026-12-01-h200-run1.json.)
+    (A [heads, positions] tile per row reduced over its heads ran at a fraction of the copy
+    bandwidth: bench/NOTES.md, select.selection_scores.)
     ``packed``: False returns the float scores; True int64 (score bits, reversed position) keys;
     ``"bits"`` the int32 order-preserving score bits (larger score, larger int). ``block_n`` and
     ``num_warps``: the launch (any gives the same bits; the engine's is `SCORE_LAUNCH`)."""
@@ -529,8 +528,8 @@ def quest_positions(page_scores, num_pages, bases, budgets, page_size: int,
                     sizes: tuple[int, int] | None = None):
     """Triton version of ``quest_positions_reference``: one program per (request, group) ranks
     its pages in registers (a sort of packed (score, page) keys), sorts the chosen ones by page and
-    writes the positions, instead of some twenty small torch ops (82 us per call at batch 64 x 8K
-    on the H200, x 30 layers x every draft step: bench/results/kernels-2026-12-01-h200.json).
+    writes the positions, instead of some twenty small torch ops paid in every layer of every
+    draft step (bench/NOTES.md, select.quest_positions).
     Ties go to the lower page. CUDA-graph safe when ``sizes`` is given."""
     if triton is None:
         raise RuntimeError("quest_positions needs Triton; use quest_positions_reference")
@@ -576,8 +575,8 @@ if triton is not None:
                      mask=offs_p < tl.minimum(n_pages, p_max), other=float("-inf"))
         # Rank: float bits made order-preserving as an int, the page (reversed, so ties go to the
         # lower page) in the low half; one descending sort. (`sort_rows` is tl.sort compiled, a
-        # faster network under the interpreter. One (request, group) a program: run 35 measured
-        # a row-blocked, 2-D version with the network compiled too 14 us a call slower.)
+        # faster network under the interpreter. One (request, group) a program: a row-blocked 2-D
+        # version was slower, bench/NOTES.md, select.quest_positions.)
         bits = sc.to(tl.int32, bitcast=True)
         key = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
         ranked = sort_rows((key << 32) | (BLOCK_P - 1 - offs_p).to(tl.int64), 1, INTERPRET)
@@ -632,12 +631,9 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    # Top-k by a radix select over int32 score bits, ties to the lower position: a greedy 135M
-    # model loops, its repeated keys give exactly equal scores, and ties sent torch.topk's radix
-    # select into a path 10x slower (20 ms a step for SpecExtend,
-    # bench/results/e2e-2026-12-01-h200-run2.json). torch.topk over int64 (score, position) keys
-    # fixed that, and then cost more than the scoring: its 64-bit radix passes, the sort of the
-    # chosen positions, the padding (`_radix_topk_kernel` does all three in one launch).
+    # Top-k by our radix select over int32 score bits, ties to the lower position, in one launch:
+    # torch.topk is 10x slower on the exactly tied scores of a looping greedy model, and over int64
+    # (score, position) keys costs more than the scoring (bench/NOTES.md, select.select_layers).
     block_n, warps = score_launch
     scores = selection_scores(logits, lse, row_start, row_count, bases, kv_heads, granularity,
                               block_n=block_n, packed="bits", num_warps=warps)

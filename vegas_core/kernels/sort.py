@@ -2,16 +2,16 @@
 INTERPRET)`` sorts a ``[R, N]`` (or ``[N]``) tensor along its last axis, N and R powers of two, as
 ``tl.sort``; the caller passes its ``INTERPRET`` constexpr (whether Triton's interpreter runs it).
 
-Why not ``tl.sort`` under the interpreter: it is the same network, but each compare-and-swap finds an element's partner
-with ``xor_sum`` over a size-2 axis, and under ``TRITON_INTERPRET=1`` a reduction with a custom
-combine function runs that function once per element in Python (a 16-key sort took about 100 ms, a
-512-key one seconds). Here the pair's minimum and maximum come from ``tl.min`` / ``tl.max``, which
-the interpreter runs as numpy calls; compiled, both are reductions over an axis of two.
+Why not ``tl.sort`` under the interpreter: it is the same network, but each compare-and-swap finds
+an element's partner with ``xor_sum`` over a size-2 axis, and under ``TRITON_INTERPRET=1`` a
+reduction with a custom combine function runs that function once per element in Python (a 16-key
+sort took about 100 ms, a 512-key one seconds). Here the pair's minimum and maximum come from
+``tl.min`` / ``tl.max``, which the interpreter runs as numpy calls; compiled, both are reductions
+over an axis of two.
 Equal keys are interchangeable (the kernels here sort packed, unique keys).
 
-Compiled (``INTERPRET=False``) it is ``tl.sort`` itself: on the H200 Quest fell from 19,684 to
-17,903 tokens/s with the network compiled into a row-blocked quest_positions (which of the two
-cost it is not measured; bench/NOTES.md version 39), so only the interpreter takes the network.
+Compiled (``INTERPRET=False``) it is ``tl.sort`` itself: Quest ran slower end to end with the
+network compiled (bench/NOTES.md, sort.sort_rows), so only the interpreter takes the network.
 """
 from __future__ import annotations
 

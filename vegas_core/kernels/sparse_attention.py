@@ -151,12 +151,11 @@ if triton is not None:
         with the other heads' query rows zeroed, chained through the accumulator: a row gets its
         own head's products plus exact zeros, the scores `_sparse_tile` computes.
 
-        The values go into a zeroed tile, added to the rescaled accumulator after. Compiled, that
-        is not `_sparse_tile`'s bits: there the compiler fuses `acc * alpha + dot(p, v)` into one
-        dot into the rescaled accumulator. Written that way here (the same bits, checked on the
-        H200), the three dots into the accumulator made vegas's drafting slower than one program
-        per KV head (10.04 against 9.86 ms an iteration, bench/NOTES.md version 44); this way it
-        is faster (9.68 against 9.88), and equal to the reference within the tests' tolerance."""
+        The values go into a zeroed tile, added to the rescaled accumulator after: chaining the
+        dots into the accumulator as `_sparse_tile` does (the compiler fuses `acc * alpha +
+        dot(p, v)` into one dot) made drafting slower than one program per KV head, this way
+        faster (bench/NOTES.md, sparse_attention._sparse_tile_packed). Compiled, that is not
+        `_sparse_tile`'s bits, but equal to the reference within the tests' tolerance."""
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
         n_valid, page, off = _entry_slots(j0, idx_ptr, tables_ptr, req, req * s_ib, count, base,
@@ -336,14 +335,12 @@ def _auto_splits(q, batch: int, kv_heads: int, max_selected: int, block_n: int) 
     """Splits per (request, KV head), or per request when packed (``kv_heads`` 1 then): fill
     about one wave of resident programs (~4 per SM at d = 128, ~6 at d <= 64, from a split sweep
     on the H200; going past a wave costs a second, mostly idle one), each split keeping at least
-    ``MIN_TILES_PER_SPLIT`` (2) tiles of the index capacity ``K``. (Packed, 12 splits of one tile
-    or more took 12.0 us against 13.0 with the 9 of this rule in isolation, at batch 64 x 8K and
-    7 %, `sweep: sparse_tune` in bench/results/kernels-2026-12-03-h200-sparse-packed.json. The
-    engine's CUDA graphs pass index buffers as wide as the pool, so there ``want`` decides: 12 at
-    batch 64, the split count the isolated sweep found fastest.) Uses shapes only (no host sync,
-    so CUDA-graph safe). A program walks its tiles as one dependent gather chain (index -> page ->
-    K/V) after another, so few long programs are latency-bound: one split is up to 10x slower at
-    B <= 4."""
+    ``MIN_TILES_PER_SPLIT`` (2) tiles of the index capacity ``K``. (The engine's CUDA graphs pass
+    index buffers as wide as the pool, so there ``want`` decides: 12 packed splits at batch 64,
+    the count the isolated sweep found fastest: bench/NOTES.md, sparse_attention._auto_splits.)
+    Uses shapes only (no host sync, so CUDA-graph safe). A program walks its tiles as one
+    dependent gather chain (index -> page -> K/V) after another, so few long programs are
+    latency-bound: one split is up to 10x slower at B <= 4."""
     if not q.is_cuda or _interpreting():
         return 1
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -370,11 +367,9 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
     version 45).
 
     ``num_stages`` (Triton's software pipelining of the gather) defaults to 2 at head dim <= 64
-    and 4 above: 13.9 and 52.3 us against 14.7 and 57.0 with Triton's default 3 at batch 64 x 8K,
-    7 % (`sweep: order_tune`, bench/results/kernels-2026-12-01-h200-order.json). The same run
-    measured no gain from a grid with the KV head first (14.7 / 57.0 us either way) and, at head
-    dim 64, none from slot-addressed selections that skip the block-table load (15.1 us; at 128
-    they matched 4 stages, 52.4), so neither was kept.
+    and 4 above: about 5 and 8 % faster than Triton's default 3 at batch 64 x 8K; a grid with the
+    KV head first and slot-addressed selections gained nothing (bench/NOTES.md,
+    sparse_attention.sparse_attention).
 
     ``packed``: one program per (request, split) for all KV heads (valid only with one shared
     selection, ``G = 1``); None: `packs_kv_heads`. Compiled, the output can differ from the

@@ -1,13 +1,10 @@
 """Flash-decoding's merge inside the split kernel: the last split of a (request, KV head) to finish
 combines every split's partial state, so no second kernel is launched.
 
-Why: Nsight Compute timed the separate merge kernels at 10.8 us per verification layer (4,608
-tiny programs at batch 64 x 8 rows) and 3.0 us per sparse draft layer, next to 135 us and 17 us
-of attention (bench/results/logs/ncu-2026-12-01-h200-attention.txt). Measured in graph replay
-(`sweep: merge_tune`, bench/results/kernels-2026-12-01-h200-merge.json) the gain is smaller and
-not everywhere, which is why `verify_attention.launch_config` chooses per path (the merge code
-adds registers, which cost occupancy unless capped) and sparse_attention keeps its merge kernel
-(no gain in a 15 us kernel).
+Why: a separate merge kernel of thousands of tiny programs cost 8-18 % of the attention it follows
+(Nsight Compute); in graph replay the gain is smaller and not everywhere, so
+`verify_attention.launch_config` chooses per path (the merge code adds registers, which cost
+occupancy unless capped) and sparse_attention keeps its merge kernel (bench/NOTES.md, split_merge).
 
 How: each split stores its partial (max, sum, accumulator), then one thread of the program adds 1
 to the (request, KV head)'s arrival counter with acquire-release semantics after a CTA barrier

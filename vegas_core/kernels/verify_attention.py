@@ -62,58 +62,26 @@ def launch_config(collect_mode: int, head_dim: int, block_m: int = 32,
                   q_rows: int | None = None) -> LaunchConfig:
     """The launch per collection path: 0 none, 1 rows stored from the main tile (any row set),
     2 the first/last tile (Collect-2-Query), for a ``block_m``-row tile (rows x query heads per
-    KV head, padded to a power of two) and at most ``q_rows`` rows a request. Measured on the H200
-    at batch 64 x 8K, 8 rows:
-    - the key tile is one size per head dim for every path: the online softmax rescales at tile
-      boundaries, so two tile sizes round differently, and collecting must not change the
-      output (nor may a request's bits depend on whether its batch mixes in collecting
-      requests). Chosen from `sweep: collect_tune` in bench/results/kernels-2026-12-01-h200.json
-      (8 rows, 4 warps, 2 stages): at head dim 64, 128 keys (none 142.5 us against 177.5 with 64,
-      C2Q 204.0 against 217.4; the main-tile store, 214.3 with 64, pays +18 %: 253.1); at 128,
-      64 keys (C2Q 984.5 against 1,164.1, the main-tile store 974.1 against 990.1; none, 637.8
-      with 128, pays 1.4 %: 647.0). Until 2026-12-04 each path took its own fastest tile, which
-      changed the output in the last bits when the main tile stored rows at head dim 64 or C2Q
-      ran at 128. Measured in run 52 (kernels-2026-12-05-h200-run52.json against run 41's,
-      8 rows): the main-tile store at head dim 64 205.2 -> 241.8 us (all rows 265.4 -> 323.8),
-      no collection at 128 531.0 -> 529.7; end to end vegas-all's verification 10.26 -> 11.25 ms
-      (e2e-2026-12-05-h200-run52-8k.json against run 50's);
-    - warps and stages: 4 and 2 (the same sweep; none also 24 configs in
-      kernels-2026-11-30-h200.json);
-    - merge and registers: `sweep: merge_tune` in kernels-2026-12-01-h200-merge.json (before
-      the merge kernel became one program per row; `-merge-run1.json` agrees). Nsight Compute
-      (bench/results/logs/ncu-2026-12-01-h200-attention.txt) showed the first/last-tile path at
-      185 registers, 2 programs per SM against 3 without collection (142): most of C2Q's +45 %.
-      At head dim 64 the fused merge with a 168 cap wins for both: none 135.4 us against 141.2
-      before, C2Q 162.8 against 204.3: +20 % over none instead of +45 %. A 128 cap gave none
-      134.0 at 8 rows but 135.6 against 122.1 at the one row of a plain decode step (batch 64 x
-      6K, `-merge-1row.json`; an e2e with it ran vanilla 8 % slower). At
-      head dim 128 no collection is fastest uncapped with the merge kernel (629.8; the fused
-      merge's registers cost 715) and C2Q fused under a 128 cap (850.3 against 985.3). The
-      main-tile path keeps what it had (its caps are not measured). The two merges give the
-      same bits (they share `_merge_rows`), so this choice may differ per path;
-    - a 64-row tile (12-16 rows at GQA 3 or 4; vegas at gamma >= 11) spills under C2Q's caps:
-      +63 % at head dim 64 and 1,664 us at 128 (kernels-2026-12-01-h200-capped.json, `sweep:
-      collect_rows`) against 228 and 1,077 us with the merge kernel and no cap
-      (kernels-2026-12-01-h200-target.json), so that tile keeps the latter; with the
-      one-program-per-row merge kernel it measured C2Q +33 % at head dim 64 and 752.7 us at 128
-      (kernels-2026-12-01-h200-run13.json). Without collection the cap still pays there at
-      head dim 64 (165 against 194 us);
-    - unmasked tiles (`sweep: order_tune`, kernels-2026-12-01-h200-order.json, A/B in one run):
-      at head dim 128 every path gains (8 rows: none 621.5 -> 543.3 us, 82 -> 94 % of copy; C2Q
-      846.5 -> 704.1; 1 row 533.6 -> 504.5; all-row 1,157 -> 963 against the earlier run), so
-      they are on there. At 64 only C2Q gained (162.0 -> 156.2); no collection lost a little
-      (8 rows 135.0 -> 136.7, 1 row 119.8 -> 122.9) and the main-tile store a lot (all-row 269
-      -> 331 against the earlier run). Compiled, an unmasked tile's scores can differ from a
-      masked one's in the last bit (the GPU test that collecting leaves the output unchanged
-      failed with C2Q unmasked and no collection masked), so every path of one head dim makes
-      the same choice: at 64 all keep masking every tile;
+    KV head, padded to a power of two) and at most ``q_rows`` rows a request. Each choice is the
+    fastest the H200 sweeps found at batch 64 x 8K where bits allow (the sweeps and their numbers:
+    bench/NOTES.md, 'Why the kernels are as they are', verify_attention.launch_config):
+    - one key tile per head dim for every path, 128 keys at <= 64 and 64 above: the online softmax
+      rescales at tile boundaries, so two tile sizes round differently, and collecting must not
+      change the output (nor may a request's bits depend on whether its batch mixes in collecting
+      requests); at each head dim the size faster for two of the three paths (the third pays
+      18 % at 64, 1.4 % at 128);
+    - 4 warps and 2 stages;
+    - the fused merge under a register cap (168 at head dim 64; 128 for C2Q at 128) where it wins:
+      the merge code adds registers, which cost programs per SM unless capped. No collection at
+      head dim 128, the main-tile store and C2Q's 64-row tile (which spills under the caps) keep
+      the merge kernel uncapped. The two merges give the same bits (they share `_merge_rows`), so
+      this choice may differ per path;
+    - unmasked tiles at head dim 128 (every path gains), masked at 64 (only C2Q gained): compiled,
+      an unmasked tile's scores can differ from a masked one's in the last bit, so every path of
+      one head dim makes the same choice;
     - a plain decode step (one row, no collection) at head dim 64: each tile's block-table entries
-      loaded one tile ahead (`_load_pages`), over 3 stages (`scripts/device/probe_page_ahead.py`,
-      kernels-2026-12-04-h200-run49-page-ahead.json, batch 64): 119.3 -> 111.2 us at 8K (80 -> 86 %
-      of copy), 93.6 -> 89.6 at 6K; either change alone moved less than 2 %, two tiles ahead was
-      slower everywhere, and 8 rows (137.4 either way; 149.0 with 3 stages) and head dim 128
-      (495.3 -> 498.7 at one row) did not gain, so only that launch takes it. It changes when
-      loads are issued, not the arithmetic: the same bits (checked at every shape)."""
+      loaded one tile ahead (`_load_pages`) over 3 stages, the only launch that gained from it. It
+      changes when loads are issued, not the arithmetic: the same bits (checked at every shape)."""
     small = head_dim <= 64
     unmasked = not small          # one choice per head dim for every path (see above)
     block_n = 128 if small else 64    # likewise
@@ -587,10 +555,10 @@ def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | N
                        min_split: int = 512) -> int:
     """Flash-decoding's split of the context: about eight (request, KV head, split) programs per
     SM, but no split shorter than `min_split` keys (the merge and the partial writes would then
-    cost more than the parallelism gains). Eight per SM is what the H200 tuning sweep picked at
-    batch 64 x 8K (bench/results/kernels-2026-11-30-h200.json: 6 splits for SmolLM2's 3 KV heads,
-    2 for an 8B's 8). Depends only on the batch's shape, so a collecting and a non-collecting call
-    split alike and their outputs stay bit-identical."""
+    cost more than the parallelism gains). Eight per SM: the fastest in the H200 tuning sweep at
+    batch 64 x 8K (bench/NOTES.md, verify_attention.default_num_splits). Depends only on the
+    batch's shape, so a collecting and a non-collecting call split alike and their outputs stay
+    bit-identical."""
     if num_sms is None:
         num_sms = _sm_count()
     programs = max(1, batch * kv_heads)
@@ -675,9 +643,9 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
     False masks every tile (the same output within rounding, not always bit for bit).
     ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
-    the tile it will gather (0: in front of the gather; the same bits any way). All of these, like the tile, warps and stages, default to `launch_config`'s. Returns the launched
-    attention kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for an empty
-    batch."""
+    the tile it will gather (0: in front of the gather; the same bits any way). All of these,
+    like the tile, warps and stages, default to `launch_config`'s. Returns the launched attention
+    kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for an empty batch."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
