@@ -24,7 +24,7 @@ Contract:
 - `race(weights, keys, positions, tag)` -> tokens: the race alone over non-negative weights, not
   normalised (a rejection's residual max(0, p - q)).
 
-Agreement with the reference (tests/kernels/test_sampling.py): probabilities within float32
+Agreement with the reference (tests/vegas_core/kernels/test_sampling.py): probabilities within float32
 rounding (exp and the sums' order differ), the same kept sets except where a top-p boundary mass
 lies within rounding of the target, the same tokens except where two race values tie within
 rounding (compiled, the log is CUDA's logf as torch's; NumPy's under the interpreter); the

@@ -56,7 +56,7 @@ beside the pool, ``[num_blocks, KVH, d]`` per layer, indexed by physical block):
   ``(indices int32 [B, G, K], counts int32 [B])`` laid out like ``topk_positions``; per request the
   same positions, in the same order, as ``quest_select``.
 
-Tolerances (tests/kernels/test_select.py): ``selection_scores`` Triton vs reference atol = 1e-6,
+Tolerances (tests/vegas_core/kernels/test_select.py): ``selection_scores`` Triton vs reference atol = 1e-6,
 rtol = 1e-5. Both read the same bf16 logits and compute ``exp`` in float32; they differ only in
 ``exp``'s last-ulp rounding (the GPU's ``ex2.approx`` path: relative error ~|x| * 2^-23, about 1e-6
 for ``x = logit - lse`` near -10, whose weight ``exp(x) < 5e-5`` is then far under atol) and in the
@@ -651,7 +651,7 @@ def radix_topk(keys: torch.Tensor, budgets, k_max: int, block: int = 1024,
     int ``[B]``, ``R`` a multiple of ``B``: rows are layer-major), larger keys first and ties to
     the lower position, written ascending and padded with 0 to ``k_max >= max(budgets)``: int32
     ``[R, G, k_max]``. The same as `topk_positions` over the keys with the position packed in
-    (tests/kernels/test_select.py). ``block`` (keys per chunk) and ``num_warps``: the launch (the
+    (tests/vegas_core/kernels/test_select.py). ``block`` (keys per chunk) and ``num_warps``: the launch (the
     same positions with any; the engine's is `TOPK_LAUNCH`)."""
     if triton is None:
         raise RuntimeError("radix_topk needs Triton")

@@ -547,7 +547,7 @@ def _sm_count() -> int:
     one after another, so splitting buys nothing there and each extra program costs milliseconds
     of Python (8 here took the CPU suite's engine tests about 1.5x longer). Batches of fewer than
     eight (request, KV head) programs still split, so the CPU engine tests keep reaching the split
-    path; tests/kernels/test_verify_attention.py sets its split counts explicitly."""
+    path; tests/vegas_core/kernels/test_verify_attention.py sets its split counts explicitly."""
     return torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 1
 
 
