@@ -73,6 +73,9 @@ def generate(args) -> int:
         print(f"[{engine.source} on {engine.device}, {engine.dtype}; loaded in {engine.load_time_s:.1f} s]",
               file=sys.stderr)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
+    warmup_s = engine.warm_up(ids, sampling, spec)
+    if warmup_s is not None and not args.json:
+        print(f"[warm-up (CUDA graph capture, kernel compilation): {warmup_s:.1f} s]", file=sys.stderr)
     for ev in engine.stream(ids, sampling, spec):
         if not args.json:
             print(ev.text_delta, end="", flush=True)
@@ -83,7 +86,7 @@ def generate(args) -> int:
                    decode_tokens_per_s=res.decode_tokens_per_s, method=spec.method,
                    mean_acceptance_length=res.mean_acceptance_length,
                    per_position_acceptance=res.per_position_acceptance, iterations=res.num_iterations,
-                   device=str(engine.device))
+                   device=str(engine.device), warmup_s=warmup_s)
         print(json.dumps(out, allow_nan=False, default=_finite))
     else:
         print(file=sys.stdout)

@@ -16,6 +16,7 @@ blocks them. A stream owns its request's pause state.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
@@ -281,6 +282,22 @@ class Engine:
             raise InvalidRequestError("no request can make progress: the rest are paused, or wait for "
                                       "KV pages that paused requests hold")
         return events
+
+    def warm_up(self, prompt: str | list[int], sampling: SamplingParams | None = None,
+                spec: SpecParams | None = None) -> float | None:
+        """On CUDA graphs: a short generation with these settings (every kind of step once: decode,
+        draft, verification), so that graph capture and kernel compilation stay out of a timed run
+        that follows. Returns its seconds, or None where nothing is captured (CPU, eager)."""
+        if self.core.runner.graphs is None:
+            return None
+        spec = spec or self.core.spec
+        sampling = sampling or SamplingParams()
+        steps = 3 * (spec.gamma + 1) if spec.speculative else 2 * self.core.options.multi_step
+        short = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, steps), ignore_eos=True,
+                                    stop=())
+        t = time.perf_counter()
+        self.generate([prompt], short, spec)
+        return time.perf_counter() - t
 
     # -- batch and stream ----------------------------------------------------------------------
     def generate(self, prompts: list[str | list[int]], sampling: SamplingParams | list[SamplingParams] | None = None,

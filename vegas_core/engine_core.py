@@ -111,8 +111,9 @@ class EngineCore:
         ctx = self.config.max_position_embeddings
         if len(prompt_ids) + sampling.max_tokens > ctx:
             raise InvalidRequestError(
-                f"prompt of {len(prompt_ids)} tokens plus max_tokens {sampling.max_tokens} is "
-                f"{len(prompt_ids) + sampling.max_tokens}, beyond the context length {ctx}")
+                f"prompt of {len(prompt_ids):,} tokens plus max_tokens {sampling.max_tokens:,} is "
+                f"{len(prompt_ids) + sampling.max_tokens:,}, beyond the model's context of {ctx:,} tokens: "
+                f"shorten the prompt or lower max_tokens")
         spec.proposer.check(spec, self.runner.kernels, self.options.block_size)
         slots = self.allocator.num_blocks * self.allocator.block_size
         need = len(prompt_ids) + sampling.max_tokens + spec.gamma + 1

@@ -30,7 +30,9 @@ from visualizations.tokens import stream_pieces
 from .session import Session, SessionStore
 from .worker import EngineWorker
 
-MAX_PROMPT_CHARS = 20_000
+# Only a bound on what the tokenizer is asked to read: the model's context, in tokens, is the real
+# limit, and the engine says so when a prompt does not fit (32 characters a token at 32K positions).
+MAX_PROMPT_CHARS = 1_000_000
 # A trace file in memory, as pydantic models, takes up to ~20x its size (measured: dense drafts are
 # the worst case), and replaying it costs about 0.35 s a MB on a 2-core machine: 8 MB keeps any
 # upload within 5 s and 300 MB (tests/vegas_studio_app/test_replay_limits.py).

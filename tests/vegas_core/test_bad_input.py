@@ -50,8 +50,8 @@ def test_bad_requests_leave_a_running_request_undisturbed(engine):
         engine.add("   ", sampling)
     with pytest.raises(InvalidRequestError, match="the prompt is empty"):
         engine.add([], sampling)
-    with pytest.raises(InvalidRequestError, match=rf"prompt of 4 tokens plus max_tokens {ctx} is {ctx + 4}, "
-                                                  rf"beyond the context length {ctx}"):
+    with pytest.raises(InvalidRequestError, match=rf"prompt of 4 tokens plus max_tokens {ctx:,} is {ctx + 4:,}, "
+                                                  rf"beyond the model's context of {ctx:,} tokens"):
         engine.add([1, 2, 3, 4], SamplingParams(max_tokens=ctx))
     with pytest.raises(InvalidRequestError, match=r"token id 49152 is outside the vocabulary \[0, 49152\)"):
         engine.add([5, 49152], sampling)
@@ -102,7 +102,7 @@ def _cli(*args):
     (["--prompt", "hi", "--granularity", "token"], "error: unknown granularity 'token'"),
     (["--prompt", "hi", "--model", "/no/such/model.gguf"], "error: "),
     (["--prompt", "", "--max-tokens", "4"], "error: the prompt is empty"),
-    (["--prompt", "hi", "--max-tokens", "9000"], "beyond the context length 8192"),
+    (["--prompt", "hi", "--max-tokens", "9000"], "beyond the model's context of 8,192 tokens"),
 ])
 def test_cli_refuses_with_one_line(args, message):
     r = _cli(*args)

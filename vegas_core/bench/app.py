@@ -61,14 +61,15 @@ def run(args, argv: list[str]) -> str:
             eng = engine_rates[method]
             records.append(dict(
                 method=method, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-                engine_1=eng["1"], engine_n=eng["n"], app_1=one, app_n=many,
+                engine_1=eng["1"], engine_1_trace=eng["1-trace"], engine_n=eng["n"], app_1=one, app_n=many,
                 ratio_1=_ratio(one["tokens_per_s"], eng["1"]["tokens_per_s"]),
                 ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"])))
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
                                 clients=args.clients)
-    cols = ["method", "engine b=1 tok/s", "app 1 client", "ratio", "TTFT ms", "max gap ms",
+    cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio"]
-    rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["app_1"]["tokens_per_s"], r["ratio_1"],
+    rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["engine_1_trace"]["tokens_per_s"],
+             r["app_1"]["tokens_per_s"], r["ratio_1"],
              1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"], r["engine_n"]["tokens_per_s"],
              r["app_n"]["tokens_per_s"], r["ratio_n"]] for r in records]
     common.print_table(f"app vs engine: {common.device_description(device)}, {args.prompt_tokens}-token "
@@ -83,33 +84,38 @@ def _ratio(a, b):
 
 def engine_alone(args, loaded, prompts: list[str]) -> dict:
     """tokens/s of the engine by itself, warmed up: one prompt streamed at batch 1 (first to last
-    token), and every prompt at once (the batch's tokens over its wall time)."""
+    token), and every prompt at once (the batch's tokens over its wall time); and one prompt at
+    batch 1 recording a trace, as the app does ("1-trace")."""
     from ..engine import Engine
     from ..options import EngineOptions
     from ..sampling import SamplingParams
     from ..spec import SpecParams
-    opts = EngineOptions(max_num_seqs=max(16, len(prompts)), kv_cache_bytes=4 << 30,
-                         attention=args.attention, cuda_graphs="off" if args.eager else "auto")
-    engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
     sampling = SamplingParams(max_tokens=args.max_tokens)
-    out = {}
-    for method in args.methods:
-        spec = SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
-        engine.generate(prompts, sampling, spec, chat=True)                       # warm-up, batch n
-        for _ in engine.stream(prompts[0], sampling, spec, chat=True):            # warm-up, batch 1
-            pass
-        stamps, n_tokens = [], 0
-        for ev in engine.stream(prompts[0], sampling, spec, chat=True):
-            if ev.new_token_ids:
-                stamps.append(time.perf_counter())
-                n_tokens += len(ev.new_token_ids)
-        one = dict(tokens=n_tokens, tokens_per_s=_rate(n_tokens, stamps))
-        t = time.perf_counter()
-        res = engine.generate(prompts, sampling, spec, chat=True)
-        wall = time.perf_counter() - t
-        total = sum(r.generated_tokens for r in res)
-        out[method] = {"1": one, "n": dict(tokens=total, tokens_per_s=total / wall, wall_s=wall)}
-    del engine
+    out = {m: {} for m in args.methods}
+    for trace in (False, True):
+        opts = EngineOptions(max_num_seqs=max(16, len(prompts)), kv_cache_bytes=4 << 30, trace=trace,
+                             attention=args.attention, cuda_graphs="off" if args.eager else "auto")
+        engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
+        for method in args.methods:
+            spec = SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
+            if not trace:
+                engine.generate(prompts, sampling, spec, chat=True)                   # warm-up, batch n
+            for _ in engine.stream(prompts[0], sampling, spec, chat=True):            # warm-up, batch 1
+                pass
+            stamps, n_tokens = [], 0
+            for ev in engine.stream(prompts[0], sampling, spec, chat=True):
+                if ev.new_token_ids:
+                    stamps.append(time.perf_counter())
+                    n_tokens += len(ev.new_token_ids)
+            out[method]["1-trace" if trace else "1"] = dict(tokens=n_tokens, tokens_per_s=_rate(n_tokens, stamps))
+            if not trace:
+                t = time.perf_counter()
+                res = engine.generate(prompts, sampling, spec, chat=True)
+                wall = time.perf_counter() - t
+                total = sum(r.generated_tokens for r in res)
+                out[method]["n"] = dict(tokens=total, tokens_per_s=total / wall, wall_s=wall)
+        del engine
+        gc.collect()
     return out
 
 
