@@ -3,7 +3,9 @@
 First the engine alone (warmed up: graphs captured, kernels compiled) streams each prompt at batch 1
 and generates `--clients` prompts at once; then `python app.py` starts on the same device and the
 same prompts stream through its `stream_tokens` API with gradio_client, one client, then all clients
-at once. Per client: tokens/s over the decode (first to last token event), time to first token
+at once, each client with its own gradio_client `Client` (its own session, as separate users
+are); and, as a script that reuses one `Client` does, a second request right after a first on the
+same `Client` ("shared"). Per client: tokens/s over the decode (first to last token event), time to first token
 (from the submit), and the largest gap between events, with where each event was on the server
 (`t_engine`: the engine thread emitted it, `t_sent`: the API yielded it) so a gap can be placed:
 engine, hand-over, or transport. `ratio` fields: app / engine at the same batch. Greedy, chat
@@ -33,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clients", type=int, default=8, help="clients at once in the second phase (default: 8)")
     p.add_argument("--prompt-tokens", type=int, default=512, help="tokens of text per prompt (default: 512)")
     p.add_argument("--max-tokens", type=int, default=256, help="generated tokens per request (default: 256)")
+    p.add_argument("--soak", type=float, default=0, metavar="SECONDS",
+                   help="then this long: --clients clients streaming continuously, one aborting a request "
+                        "every few seconds; checks every stream, the KV pool and the app's memory (default: off)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -57,23 +62,35 @@ def run(args, argv: list[str]) -> str:
         for method in args.methods:
             app.stream(prompts[0], method)                       # warm-up: graphs, kernels
             one = app.stream(prompts[0], method)
+            client = app.new_client()
+            app.stream(prompts[0], method, client)
+            shared = app.stream(prompts[0], method, client)      # right after another on one Client
             many = app.together(prompts, method)
             eng = engine_rates[method]
             records.append(dict(
                 method=method, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-                engine_1=eng["1"], engine_1_trace=eng["1-trace"], engine_n=eng["n"], app_1=one, app_n=many,
+                engine_1=eng["1"], engine_1_trace=eng["1-trace"], engine_n=eng["n"], app_1=one,
+                app_1_shared_client=shared, app_n=many,
                 ratio_1=_ratio(one["tokens_per_s"], eng["1"]["tokens_per_s"]),
                 ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"])))
+        soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
-                                clients=args.clients)
+                                clients=args.clients, soak=soak)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
+            "shared Client: TTFT ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio"]
     rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["engine_1_trace"]["tokens_per_s"],
              r["app_1"]["tokens_per_s"], r["ratio_1"],
-             1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"], r["engine_n"]["tokens_per_s"],
+             1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"],
+             1e3 * r["app_1_shared_client"]["ttft_s"], r["engine_n"]["tokens_per_s"],
              r["app_n"]["tokens_per_s"], r["ratio_n"]] for r in records]
     common.print_table(f"app vs engine: {common.device_description(device)}, {args.prompt_tokens}-token "
                        f"prompts, {args.max_tokens} tokens, greedy", cols, rows)
+    if soak is not None:
+        print(f"soak {args.soak:.0f} s: {soak['streams_ok']} streams checked, {soak['aborted']} aborted, "
+              f"{soak['bad']} bad; pool free {soak['pool_free_end']} of {soak['pool_blocks']}; app RSS "
+              f"{soak['rss_mb'][0]:.0f} -> {soak['rss_mb'][-1]:.0f} MB; GPU memory {soak['gpu_mb'][0]} -> "
+              f"{soak['gpu_mb'][-1]} MB")
     print(f"wrote {path}")
     return path
 
@@ -148,29 +165,34 @@ class AppServer:
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
-        url = f"http://127.0.0.1:{self.port}/"
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.Client = Client
         deadline = time.monotonic() + 600
         while True:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.log.seek(0)
                 raise RuntimeError(f"app.py did not start:\n{self.log.read()[-4000:]}")
             try:
-                self.client = Client(url, verbose=False)
-                if self.client.predict(api_name="/pool").get("state") == "ready":
+                if self.new_client().predict(api_name="/pool").get("state") == "ready":
                     return self
             except Exception:    # not serving yet, or the model still loading
                 pass
             time.sleep(1)
 
+    def new_client(self):
+        return self.Client(self.url, verbose=False)
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=60)
 
-    def stream(self, prompt: str, method: str) -> dict:
-        """One streamed request: tokens/s between the first and last token events, TTFT from the
-        submit, the largest gap between events and where each event was on the server."""
+    def stream(self, prompt: str, method: str, client=None) -> dict:
+        """One streamed request (on `client`, else a new one): tokens/s between the first and last
+        token events, TTFT from the submit, the largest gap between events and where each event
+        was on the server."""
+        client = client or self.new_client()
         t0 = time.time()
-        job = self.client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
+        job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
         events = []
         for out in job:
             if not out.get("finished"):
@@ -188,6 +210,54 @@ class AppServer:
                     max_engine_gap_s=max(engine_gaps, default=None),
                     max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
                     max_handover_s=max((e[3] - e[2] for e in events if e[2] and e[3]), default=None))
+
+    def soak(self, prompts: list[str], methods: list[str], seconds: float) -> dict:
+        """Clients streaming continuously for `seconds`, each on its own `Client`; every few seconds
+        one cancels its request mid-stream and starts another. Every completed stream must hold
+        each token once (events in order, equal to the final output); afterwards the KV pool must
+        be all free. The app's host and GPU memory are sampled throughout."""
+        stop_at = time.monotonic() + seconds
+        counts = dict(streams_ok=0, aborted=0, bad=0)
+        errors: list[str] = []
+        lock = threading.Lock()
+
+        def client_loop(i: int):
+            client, n = self.new_client(), 0
+            while time.monotonic() < stop_at:
+                n += 1
+                method = methods[(i + n) % len(methods)]
+                job = client.submit(prompts[i], method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
+                abort = (i + n) % 7 == 0             # about one client in seven aborts each round
+                outs = []
+                for out in job:
+                    outs.append(out)
+                    if abort and len(outs) >= 3:
+                        job.cancel()
+                        break
+                with lock:
+                    if abort:
+                        counts["aborted"] += 1
+                        continue
+                    problem = _check_stream(job.result(), outs)
+                    counts["bad" if problem else "streams_ok"] += 1
+                    if problem:
+                        errors.append(f"client {i} {method}: {problem}")
+
+        memory = []
+        threads = [threading.Thread(target=client_loop, args=(i,)) for i in range(len(prompts))]
+        for th in threads:
+            th.start()
+        while any(th.is_alive() for th in threads):
+            memory.append((_rss_mb(self.proc.pid), _gpu_mb(self.proc.pid)))
+            time.sleep(2)
+        for th in threads:
+            th.join()
+        time.sleep(1)
+        pool = self.new_client().predict(api_name="/pool")
+        return dict(seconds=seconds, clients=len(prompts), **counts, errors=errors[:20],
+                    pool_free_end=pool["num_free"], pool_blocks=pool["num_blocks"],
+                    active_end=pool["active_requests"], rss_mb=[m[0] for m in memory],
+                    gpu_mb=[m[1] for m in memory])
 
     def together(self, prompts: list[str], method: str) -> dict:
         """Every prompt streamed by its own client at once: the tokens of all over the wall time."""
@@ -209,3 +279,35 @@ class AppServer:
         return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
                     ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
+
+
+def _check_stream(final: dict, outs: list[dict]) -> str | None:
+    """What is wrong with a finished stream, or None: events in order, each token once."""
+    events = [o for o in outs if not o.get("finished")]
+    if final.get("error"):
+        return final["error"]
+    if [e["seq"] for e in events] != list(range(len(events))):
+        return "an event was lost or repeated"
+    if [t for e in events for t in e["token_ids"]] != final["all_token_ids"]:
+        return "the streamed tokens differ from the final output"
+    return None
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
+def _gpu_mb(pid: int) -> int | None:
+    """The process's GPU memory from nvidia-smi (None without a GPU or the tool)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        p, _, mb = line.partition(",")
+        if p.strip() == str(pid):
+            return int(mb)
+    return None
+
