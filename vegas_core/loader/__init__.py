@@ -53,12 +53,15 @@ def default_model_path() -> str:
 
 
 def load_model(path: str | None = None) -> LoadedModel:
-    """Load a `.gguf` file or a Hugging Face directory (config.json + *.safetensors + tokenizer.json);
+    """Load a `.gguf` file, a Hugging Face directory (config.json + *.safetensors + tokenizer.json)
+    or a packaged model by name (`registry.PACKAGED_MODELS`: qwen2.5-coder-0.5b, gemma-3-270m);
     `None` loads the default model."""
     from .gguf_loader import load_gguf
     from .hf_loader import load_hf_dir
+    from .registry import resolve_model_name
 
     path = default_model_path() if path is None else os.fspath(path)
+    path = resolve_model_name(path) or path
     if not os.path.exists(path):
         raise ModelLoadError(f"model path {path!r} does not exist")
     if os.path.isfile(path) and path.lower().endswith(".gguf"):
