@@ -179,10 +179,12 @@ class Backbone(nn.Module):
 
 
 class CausalLM(nn.Module):
+    backbone_class = Backbone   # gemma.GemmaCausalLM brings its own layers
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg
-        self.model = Backbone(cfg)
+        self.model = self.backbone_class(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryEmbedding(cfg)
         self.backend = None  # set by the model runner

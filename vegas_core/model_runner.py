@@ -13,7 +13,7 @@ from .block_manager import BlockAllocator
 from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool, slot_index
-from .model import CausalLM
+from .architectures import attention_for, build_causal_lm
 
 
 @dataclass
@@ -67,13 +67,13 @@ class ModelRunner:
                  graphs: str = "auto", max_batch: int = 128):
         self.config, self.device, self.dtype = config, device, dtype
         self.block_size = block_size
-        model = CausalLM(config)
+        model = build_causal_lm(config)
         model.load_weights(weights)
         self.model = model.to(device=device, dtype=dtype).eval()
         self.model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
         self.model.rope.inv_freq = self.model.rope.inv_freq.float()
         self.pool = KVPool(config, num_blocks, block_size, dtype, device)
-        self.attention = resolve_attention(attention, torch.device(device))
+        self.attention = attention_for(config, attention, resolve_attention(attention, torch.device(device)))
         self.page_bounds = None
         if self.attention == "triton":
             from .attention.kernel_backend import KernelBackend
@@ -88,7 +88,7 @@ class ModelRunner:
             from .kernels import pdl
             pdl.ENABLED = True
         else:
-            self.model.backend = ReferenceBackend(scale=config.head_dim ** -0.5)
+            self.model.backend = ReferenceBackend(scale=config.attention_scale, windows=config.layer_windows)
         self.graphs = self._graph_runner(graphs, max_batch)
 
     def _graph_runner(self, choice: str, max_batch: int):

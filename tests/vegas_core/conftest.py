@@ -1,7 +1,7 @@
 """Shared test helpers: tiny random Hugging Face checkpoints our loader (and transformers) can load.
 
 `make_tiny_hf_model` (a fixture returning a function) writes a 2-layer Llama / Mistral / Qwen2 /
-Qwen3 model with a tiny byte-level BPE tokenizer into a directory and returns `(path, hf_model)`,
+Qwen3 model (or a Gemma 3 one: `TINY_GEMMA3`'s overrides give it sliding and global layers) with a tiny byte-level BPE tokenizer into a directory and returns `(path, hf_model)`,
 the transformers model in float32 eval mode. Parameters are re-drawn at random (norm weights near
 1, biases non-zero) so a forward-pass comparison exercises every tensor. Keyword overrides go to
 the transformers config class, e.g. `rope_scaling={"rope_type": "linear", "factor": 2.0}`,
@@ -21,6 +21,15 @@ CHATML_TEMPLATE = (
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258
 TINY_VOCAB_SIZE = 272  # model rows; the tokenizer uses 256 bytes + 3 specials + 3 merges = 262
+
+
+# A tiny Gemma 3 whose every feature shows within a test's 20 positions: a window of 5, layers
+# sliding, sliding, global, sliding, local and global RoPE bases apart, and an attention scale
+# that is not 1/sqrt(head_dim).
+TINY_GEMMA3 = dict(num_hidden_layers=4, head_dim=16, sliding_window=5, query_pre_attn_scalar=20,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 
 
 def write_tiny_tokenizer(path: str) -> None:
@@ -45,7 +54,8 @@ def write_tiny_tokenizer(path: str) -> None:
 def _config_class(arch: str):
     import transformers
     return {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[arch]
+            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+            "gemma3": transformers.Gemma3TextConfig}[arch]
 
 
 def build_tiny_hf_model(path, arch: str, seed: int = 0, **overrides):

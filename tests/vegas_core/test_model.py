@@ -146,3 +146,24 @@ def test_fused_ops_match_unfused(tmp_path, make_tiny_hf_model, case, attention, 
     for layer in range(loaded.config.num_layers):
         assert (pool_f.k[layer] - pool.k[layer]).abs().max() <= 1e-5
         assert (pool_f.v[layer] - pool.v[layer]).abs().max() <= 1e-5
+
+
+GEMMA3_CASES = {
+    "gemma3": {},
+    "gemma3-softcap": dict(final_logit_softcapping=3.0),
+    "gemma3-pattern": dict(layer_types=None, sliding_window_pattern=2, rope_parameters=None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMMA3_CASES))
+def test_tiny_gemma3_matches_transformers(tmp_path, make_tiny_hf_model, case):
+    """Gemma 3's layer (four (1 + w) norms, GeGLU, q/k norms, embedding scale) with sliding and
+    global layers, local and global RoPE bases: prefill and paged decode past the window of 5."""
+    from tests.vegas_core.conftest import TINY_GEMMA3
+    path, hf = make_tiny_hf_model(tmp_path / case, "gemma3", **{**TINY_GEMMA3, **GEMMA3_CASES[case]})
+    loaded = load_model(path)
+    assert loaded.config.arch == "gemma3" and loaded.config.sliding_window == 5
+    assert loaded.config.layer_types == tuple(hf.config.layer_types)
+    runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
+                         num_blocks=32, block_size=4)
+    _compare(runner, hf, loaded.config.vocab_size)

@@ -10,6 +10,7 @@ Llama names, whatever the source:
           carry o_proj.bias; Qwen2 never does -- the forward adds it when the key is present)
     model.layers.{i}.self_attn.{q,k}_norm.weight   when config.qk_norm (Qwen3)
     model.layers.{i}.mlp.{gate,up,down}_proj.weight
+    model.layers.{i}.{pre,post}_feedforward_layernorm.weight   Gemma 3 (its norm weights w scale by 1 + w)
 
 Every failure is a ModelLoadError (UnsupportedArchitectureError for a readable model of another
 architecture) with a one-line message naming the path. Nothing is fetched from the network.
@@ -89,6 +90,8 @@ def expected_weight_names(config: ModelConfig) -> tuple[set[str], set[str]]:
             "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")}
         if config.qk_norm:
             required |= {layer + "self_attn.q_norm.weight", layer + "self_attn.k_norm.weight"}
+        if config.arch == "gemma3":
+            required |= {layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"}
         if config.attention_bias:
             required |= {layer + f"self_attn.{p}_proj.bias" for p in "qkv"}
             optional.add(layer + "self_attn.o_proj.bias")
