@@ -3,13 +3,15 @@
 `collect_rows(method, num_rows)` says which verification rows' logits the attention must keep;
 `build_selection(...)` turns what was collected (or the cache itself, for stream and quest) into the
 SparseView the next draft phase attends through. The verification that produced the rows started at
-position `base`; the selection covers the prefix [0, base) and every later position is attended."""
+position `base`; the selection covers the prefix [0, base) and every later position is attended.
+Sliding-window layers (Gemma 3's local layers) select nothing: the backend attends their window
+whole and collects no logits there, so their sets are empty."""
 from __future__ import annotations
 
 import torch
 
 from .params import SpecParams
-from .select import quest_page_bounds, select_from_logits
+from .select import no_selection, quest_page_bounds, select_from_logits
 from .views import FixedSelection, QuestSelection, StreamSelection
 
 
@@ -44,6 +46,9 @@ def build_selection(spec: SpecParams, base: int, num_layers: int, kv_heads: int,
         keep = list(range(len(collected_rows)))
     per_layer = []
     for layer in range(num_layers):
+        if layer not in logits:   # a sliding-window layer: attends its window, nothing collected
+            per_layer.append(no_selection(spec.granularity, kv_heads))
+            continue
         lg, ls = logits[layer][keep], lse[layer][keep]
         per_layer.append(select_from_logits(lg, ls, k, kv_heads, spec.granularity))
     return FixedSelection(base, k, per_layer, spec.record_recall)
