@@ -53,6 +53,12 @@ class ModelConfig:
         if SLIDING in self.layer_types and not (self.sliding_window or 0) > 0:
             raise ValueError(f"sliding layers need a sliding_window > 0, got {self.sliding_window!r}")
 
+    def kv_bytes_read(self, context: int, itemsize: int) -> float:
+        """Bytes of K and V one decode step of a request at `context` tokens reads: every layer's
+        whole context, but a sliding layer's window only (what its attention touches)."""
+        per_layer = 2 * self.num_kv_heads * self.head_dim * itemsize
+        return sum(per_layer * (context if w is None else min(context, w)) for w in self.layer_windows)
+
     @property
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5

@@ -2,7 +2,8 @@
 process and one engine, so the ratios between them are measured side by side.
 
 Workloads (prompts are real text: slices of the standard-library corpus, `texts.long_text`, in the
-model's chat template; lengths spread evenly over the range):
+model's chat template, or plain after BOS for a base model without one; lengths spread evenly over
+the range):
 - `reasoning`: 100-300-token prompts, 1,024 generated tokens, batch 64, the prompt set replayed
   twice so continuous batching keeps the batch full (the paper replays its datasets the same way);
 - `long-input`: 4K-7.5K-token prompts, 256 generated tokens, batch 32;
@@ -166,10 +167,17 @@ def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
     for n in lengths:
         excerpt = tokenizer.decode(texts.long_text(n, tokenizer, offset))
         offset += n
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTIONS[name] + excerpt}],
-                                             add_generation_prompt=True)
-        prompts.append(tokenizer.encode(chat))
+        prompts.append(prompt_ids(tokenizer, INSTRUCTIONS[name] + excerpt))
     return Workload(name, prompts * replays, gen, batch, (lo, hi), unique=len(prompts))
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """The text in the model's chat template; a base model without one (Gemma-3-270M) gets the
+    plain text after its BOS, as a base model is prompted."""
+    if tokenizer.chat_template is None:
+        return tokenizer.encode(text, add_special_tokens=True)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return tokenizer.encode(chat)
 
 
 def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int,
@@ -181,7 +189,8 @@ def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int
     kv_per_token = config.kv_bytes_per_token(itemsize)
     mean_context = sum(len(p) for p in workload.prompts) / len(workload.prompts) \
         + (workload.gen_tokens - 1) / 2
-    step_bytes = weight_bytes + workload.batch * mean_context * kv_per_token
+    # a sliding-window layer (Gemma 3) reads its window only
+    step_bytes = weight_bytes + workload.batch * config.kv_bytes_read(mean_context, itemsize)
     step_s = step_bytes / (copy_tbps * 1e12)
     return dict(copy_TBps=copy_tbps, mean_context=mean_context, kv_bytes_per_token=kv_per_token,
                 weight_bytes=weight_bytes, step_bytes=step_bytes, step_ms=1e3 * step_s,
@@ -395,8 +404,8 @@ def _add_phases(acc: dict, totals: dict) -> None:
 
 
 def _pdl(device) -> bool:
-    from ..kernels import pdl as _pdl_mod
-    return kernels.pdl.active(device)
+    from ..kernels import pdl
+    return pdl.active(device)
 
 
 def _linear_configs() -> dict:
@@ -452,15 +461,17 @@ def run(args, argv: list[str]) -> str:
         load_configs(args.linear_configs)
     engine = engine_for(args, workload, loaded)
     if args.no_pdl:     # after the engine: its model runner switches PDL on
-        from ..kernels import pdl as _pdl_mod
-        kernels.pdl.ENABLED = False
+        from ..kernels import pdl
+        pdl.ENABLED = False
     if args.fused_linear_rows is not None:
         engine.core.runner.model.fused_linear_rows = args.fused_linear_rows
     if args.no_rotary_epilogue:
         engine.core.runner.model.rotary_epilogue = False
-    import kernels.select
-    import kernels.sparse_attention
-    import kernels.verify_attention
+    # after the layout move these live in vegas_core.kernels (`kernels` alone is another package)
+    import vegas_core.kernels.select
+    import vegas_core.kernels.sparse_attention
+    import vegas_core.kernels.verify_attention
+    from .. import kernels
     if args.no_packed_sparse:
         kernels.sparse_attention.PACK_KV_HEADS = False
     kernels.sparse_attention.FUSED_MERGE = args.sparse_fused_merge
