@@ -123,6 +123,11 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="vegas-engine", daemon=True)
 
     # -- caller side ---------------------------------------------------------------------------
+    def with_model(self, model: str | None) -> "EngineWorker":
+        """A new (not yet started) worker with this one's settings for another model."""
+        return EngineWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
+                            self._factory, self.attention, self.cuda_graphs)
+
     def start(self) -> "EngineWorker":
         self._thread.start()
         return self

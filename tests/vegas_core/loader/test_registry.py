@@ -28,7 +28,7 @@ def _fake_model(tmp_path, chunks: list[bytes], install: list[bool], monkeypatch)
     whole = b"".join(chunks)
     model = PackagedModel(name="fake", title="Fake", file_name="fake.gguf",
                           packages=tuple(f"fakepart-{i}" for i in range(1, len(chunks) + 1)), version="1.0",
-                          size=len(whole), sha256=hashlib.sha256(whole).hexdigest())
+                          size=len(whole), sha256=hashlib.sha256(whole).hexdigest(), chat=False)
     monkeypatch.setitem(PACKAGED_MODELS, "fake", model)
     monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
     return model

@@ -87,11 +87,22 @@ def _real_prompt(loaded, tokens):
     return ids[:tokens]
 
 
+# A greedy answer each real model gives (plain prompt after BOS for the base Gemma, chat for Qwen)
+PINNED = {"gemma_model": ("The capital of France is", False, " the capital of the country of France."),
+          "qwen_model": ("What is the capital of France? Answer in one sentence.", True,
+                         "The capital of France is Paris.")}
+
+
 @pytest.mark.parametrize("model", ["gemma_model", "qwen_model"])
 def test_real_model_greedy_output_equals_vanilla(request, model):
-    """Six tokens per method after a 520-token prompt (Gemma's window of 512 has moved on)."""
+    """Six tokens per method after a 520-token prompt (Gemma's window of 512 has moved on); and
+    the model's pinned greedy answer through vegas (a wrong BOS or weight shows there first)."""
     loaded = request.getfixturevalue(model)
-    core = _engine(loaded, 256 << 20).core
+    engine = _engine(loaded, 256 << 20)
+    prompt, chat, answer = PINNED[model]
+    [res] = engine.generate([prompt], SamplingParams(max_tokens=9), SpecParams(method="vegas", gamma=4), chat=chat)
+    assert res.text.startswith(answer), res.text
+    core = engine.core
     specs = _specs(4, 0.05, 16, granularities=("layer",))   # kv-head: the tiny models above
     children, _ = _check_lossless(core, [_real_prompt(loaded, 520)], 6, specs)
     if loaded.config.arch == "gemma3":
