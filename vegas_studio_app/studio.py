@@ -110,8 +110,8 @@ class Studio:
                 gr.Timer(active=False), gr.Checkbox()
         if value == picker_value(self.worker.model) and self.worker.state != "failed":
             return (*self.status(), gr.Checkbox())
-        old, self.worker = self.worker, self.worker.with_model(load_argument(value)).start()
-        old.shutdown()
+        # the new worker stops the old one and frees its engine before it loads
+        self.worker = self.worker.with_model(load_argument(value)).start()
         return (*self.status(), gr.Checkbox(value=wants_chat(value)))
 
     def pool(self) -> dict:

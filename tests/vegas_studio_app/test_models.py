@@ -31,6 +31,7 @@ class FakeWorker:
         self.model, self.state, self.started, self.stopped = model, "loading", False, False
 
     def with_model(self, model):
+        self.stopped = True   # the real worker stops its predecessor when it starts loading
         return FakeWorker(model)
 
     def start(self):
@@ -56,3 +57,28 @@ def test_switching_replaces_the_worker():
     assert studio.worker is same and not same.stopped
     studio.switch_model(DEFAULT)
     assert studio.worker.model is None and same.stopped
+
+
+def test_a_new_worker_frees_the_old_engine_before_loading(tmp_path):
+    """Two models at once may not fit: the replacement joins the old engine thread and drops the
+    engine before its own load starts."""
+    from vegas_studio_app.worker import EngineWorker
+    loads = []
+
+    class Engine:   # enough of an engine for the worker's status line
+        def __init__(self):
+            self.config = type("C", (), {"name": "fake"})()
+            self.source, self.device, self.dtype = "fake", "cpu", "float32"
+            self.core = type("Core", (), {"runner": type("R", (), {"kernels": False})(), "has_work": False})()
+
+    def factory():
+        loads.append(old.engine)   # what the old worker held when this load began
+        return Engine()
+
+    old = EngineWorker(None, engine_factory=Engine).start()
+    assert old.wait_ready(30)
+    new = old.with_model("gemma-3-270m")
+    new._factory = factory
+    new.start()
+    assert new.wait_ready(30) and loads == [None] and not old._thread.is_alive()
+    new.shutdown()
