@@ -644,10 +644,14 @@ def select_layers(collected, row_start, row_count, bases, budgets, k_max: int, k
     logits, lse = collected
     if n_keys is not None:
         logits = logits[..., :n_keys]
-    from vegas_core.kernels import select_fused
     if fused is None:
-        fused = FUSED_SELECT and logits.shape[-1] <= select_fused.MAX_KEYS
+        fused = FUSED_SELECT
     if fused:
+        # Only when asked for: acc07f4 deleted kernels/select_fused.py, and importing it
+        # unconditionally broke every kernel-path selection.
+        from vegas_core.kernels import select_fused
+        if logits.shape[-1] > select_fused.MAX_KEYS:
+            raise ValueError(f"fused selection takes rows of up to {select_fused.MAX_KEYS} keys")
         return select_fused.select_fused(logits, lse, row_start, row_count, bases, budgets, k_max,
                                          kv_heads, granularity)
     # Top-k by a radix select over int32 score bits, ties to the lower position: a greedy 135M
