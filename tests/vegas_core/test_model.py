@@ -224,3 +224,26 @@ def test_qwen25_coder_gguf_matches_transformers(qwen_model, one_thread):
     decode attentions' different (equally valid) orders, which Qwen2.5's large activations
     magnify over 24 layers (the Qwen2 forward itself matches to 1e-4 on tiny checkpoints above)."""
     assert _packaged_model_diff(qwen_model, 11) <= 1e-3
+
+
+def test_tiny_gemma3_batched_decode_matches_transformers(tmp_path, make_tiny_hf_model):
+    """Two requests decoded in one forward a step (the reference backend's padded decode batch):
+    one shorter than the window of 8 for its first steps, one past it, each sliding layer
+    gathering only its rows' windows."""
+    from tests.vegas_core.conftest import TINY_GEMMA3
+    path, hf = make_tiny_hf_model(tmp_path / "gemma3", "gemma3", **{**TINY_GEMMA3, "sliding_window": 8})
+    loaded = load_model(path)
+    runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
+                         num_blocks=32, block_size=4)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 262, (n,), generator=g).tolist() for n in (3, 11)]
+    steps = [torch.randint(0, 262, (9,), generator=g).tolist() for _ in prompts]
+    alloc = BlockAllocator(32, 4)
+    for i, (p, s) in enumerate(zip(prompts, steps)):
+        alloc.ensure(i, len(p) + len(s))
+        runner.forward([BatchEntry(i, p, 0, logits="last")], alloc)
+    rows = [runner.forward([BatchEntry(i, [s[j]], len(p) + j, logits="last")
+                            for i, (p, s) in enumerate(zip(prompts, steps))], alloc) for j in range(9)]
+    for i, (p, s) in enumerate(zip(prompts, steps)):
+        _, hf_dec = _hf_incremental(hf, p, s)
+        assert (torch.stack([r[i] for r in rows]) - hf_dec).abs().max() <= TOL

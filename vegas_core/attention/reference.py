@@ -114,13 +114,17 @@ class ReferenceBackend:
         head is expanded in memory. A sliding layer masks keys `window` or more before the query."""
         b, heads, d = q.shape
         kvh = kf.shape[1]
-        keys = kf[batch.slots].transpose(1, 2)                        # [B, KVH, L, d]
-        values = vf[batch.slots].transpose(1, 2)
-        qg = q.view(b, kvh, heads // kvh, d)                           # [B, KVH, G, d]
-        valid = batch.valid
-        if window is not None:
+        slots, valid = batch.slots, batch.valid
+        if window is not None and window < slots.shape[1]:
+            # Gather each row's last `window` positions only (a sliding layer reads its window,
+            # not the context): columns from max(0, length - window), valid below the length.
             lengths = valid.sum(-1, keepdim=True)
-            valid = valid & (torch.arange(valid.shape[1], device=valid.device)[None, :] >= lengths - window)
+            cols = (lengths - window).clamp(min=0) + torch.arange(window, device=slots.device)[None, :]
+            valid = cols < lengths
+            slots = slots.gather(1, cols.clamp(max=slots.shape[1] - 1))
+        keys = kf[slots].transpose(1, 2)                              # [B, KVH, L, d]
+        values = vf[slots].transpose(1, 2)
+        qg = q.view(b, kvh, heads // kvh, d)                           # [B, KVH, G, d]
         o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
                                            scale=self.scale)
         return o.reshape(b, heads, d)
