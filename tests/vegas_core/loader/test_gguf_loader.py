@@ -292,3 +292,25 @@ def test_gemma3_gguf_config_as_llama_cpp_reads_it(gemma_model):
     tok = gemma_model.tokenizer
     assert tok.encode("The capital of France is", add_special_tokens=True) == [2, 818, 5279, 529, 7001, 563]
     assert tok.decode(tok.encode("  two  spaces\n\nand ünïcødé 🙂")) == "  two  spaces\n\nand ünïcødé 🙂"
+
+
+def test_k_quants_equal_transformers_own_dequantizer(gemma_model):
+    """The packaged files' Q4_K, Q6_K and Q8_0 tensors (dequantized with gguf's numpy kernels)
+    against transformers' independent torch dequantizer on the same bytes. The whole of both
+    files was also compared once with transformers' GGUF loader: every tensor equal."""
+    from gguf.constants import GGMLQuantizationType as T
+    from transformers.integrations.gguf.dequant import dequantize
+
+    from vegas_core.loader.gguf_loader import _open, read_gguf_header
+
+    buf = _open(gemma_model.source)
+    _, tensors = read_gguf_header(buf)
+    by_name = {t.name: t for t in tensors}
+    for gguf_name, hf_name, kind in (("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight", T.Q4_K),
+                                     ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight", T.Q6_K),
+                                     ("blk.0.attn_v.weight", "model.layers.0.self_attn.v_proj.weight", T.Q8_0)):
+        info = by_name[gguf_name]
+        assert info.ggml_type == kind
+        raw = torch.frombuffer(bytearray(buf[info.start:info.start + info.nbytes]), dtype=torch.uint8)
+        expected = dequantize(raw, info.ggml_type).reshape(info.shape)
+        assert torch.equal(gemma_model.weights[hf_name], expected), gguf_name
