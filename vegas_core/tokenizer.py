@@ -96,15 +96,17 @@ class Tokenizer:
     # --- construction -----------------------------------------------------------------------
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> "Tokenizer":
-        """Build from llama.cpp keys (`tokenizer.ggml.*`): byte-level BPE ("gpt2") or SentencePiece
-        BPE ("llama", as Gemma's; `sentencepiece_gguf.py`)."""
+        """Build from llama.cpp keys (`tokenizer.ggml.*`): byte-level BPE ("gpt2") or Gemma's
+        SentencePiece BPE ("llama" in a gemma* file; `sentencepiece_gguf.py`)."""
         kind = metadata.get("tokenizer.ggml.model")
-        if kind == "llama":
+        if kind == "llama" and str(metadata.get("general.architecture", "")).startswith("gemma"):
+            # Gemma's conventions (merge order = file order, spaces stored raw); other
+            # SentencePiece files rank merges by score and are not supported yet
             from .sentencepiece_gguf import sentencepiece_backend
             return cls._with_gguf_specials(sentencepiece_backend(metadata), metadata)
         if kind != "gpt2":
             raise ModelLoadError(f"GGUF tokenizer.ggml.model {kind!r} is not supported; supported: 'gpt2' "
-                                 "(byte-level BPE) and 'llama' (SentencePiece BPE)")
+                                 "(byte-level BPE) and 'llama' (SentencePiece BPE) of Gemma files")
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
         types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         alphabet = set(bytes_to_unicode().values())
