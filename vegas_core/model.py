@@ -199,11 +199,12 @@ class CausalLM(nn.Module):
     """`backend`: the attention backend (`attention/`). `kernels`: the GPU path's options; with them
     Triton kernels fuse the residual adds into the RMSNorms, rotary + pool write, and SiLU * up
     (same maths, far fewer launches); None: plain PyTorch ops."""
+    backbone_class = Backbone   # gemma.GemmaCausalLM brings its own layers
 
     def __init__(self, cfg: ModelConfig, backend=None, kernels: KernelOptions | None = None):
         super().__init__()
         self.config = cfg
-        self.model = Backbone(cfg)
+        self.model = self.backbone_class(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rope = RotaryEmbedding(cfg)
         self.backend = backend

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .architectures import attention_for, build_causal_lm
 from .attention import AttentionMetadata, DecodeBatch, LogitCollector, ReferenceBackend, SeqAttention
 from .block_manager import BlockAllocator
 from .config import ModelConfig
@@ -60,7 +61,7 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor], device: t
                 dtype: torch.dtype, backend, kernels: KernelOptions | None) -> CausalLM:
     """The model on `device` in `dtype` (rotary frequencies stay float32), attending through
     `backend`; `kernels`: the GPU path's fused kernels, None for plain PyTorch ops."""
-    model = CausalLM(config, backend, kernels)
+    model = build_causal_lm(config, backend, kernels)
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval()
     model.fuse()  # .to() replaced the parameters: rebuild the fused views on the device
@@ -76,16 +77,17 @@ class ModelRunner:
         self.options = options
         self.block_size = options.block_size
         self.pool = KVPool(config, num_blocks, self.block_size, dtype, device)
-        self.attention = resolve_attention(options.attention, torch.device(device))
+        self.attention = attention_for(config, options.attention,
+                                       resolve_attention(options.attention, torch.device(device)))
         self.page_bounds = None
         if self.attention == "triton":
             from .attention.kernel_backend import KernelBackend
             from .attention.page_bounds import PageBounds
             self.page_bounds = PageBounds(self.pool)
-            backend = KernelBackend(config.head_dim ** -0.5, self.page_bounds, options.kernels)
+            backend = KernelBackend(config.attention_scale, self.page_bounds, options.kernels)
             kernels = options.kernels
         else:
-            backend, kernels = ReferenceBackend(scale=config.head_dim ** -0.5), None
+            backend, kernels = ReferenceBackend(scale=config.attention_scale, windows=config.layer_windows), None
         self.model = build_model(config, weights, device, dtype, backend, kernels)
         self.graphs = self._graph_runner(options.cuda_graphs, options.max_num_seqs)
 

@@ -94,11 +94,17 @@ class Tokenizer:
     # --- construction -----------------------------------------------------------------------
     @classmethod
     def from_gguf_metadata(cls, metadata: dict) -> "Tokenizer":
-        """Build from llama.cpp keys (`tokenizer.ggml.*`). Only byte-level BPE ("gpt2") is supported."""
+        """Build from llama.cpp keys (`tokenizer.ggml.*`): byte-level BPE ("gpt2") or Gemma's
+        SentencePiece BPE ("llama" in a gemma* file; `sentencepiece_gguf.py`)."""
         kind = metadata.get("tokenizer.ggml.model")
+        if kind == "llama" and str(metadata.get("general.architecture", "")).startswith("gemma"):
+            # Gemma's conventions (merge order = file order, spaces stored raw); other
+            # SentencePiece files rank merges by score and are not supported yet
+            from .sentencepiece_gguf import sentencepiece_backend
+            return cls._with_gguf_specials(sentencepiece_backend(metadata), metadata)
         if kind != "gpt2":
             raise ModelLoadError(f"GGUF tokenizer.ggml.model {kind!r} is not supported; supported: 'gpt2' "
-                                 "(byte-level BPE; SentencePiece GGUFs are not)")
+                                 "(byte-level BPE) and 'llama' (SentencePiece BPE) of Gemma files")
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
         types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         alphabet = set(bytes_to_unicode().values())
@@ -123,6 +129,12 @@ class Tokenizer:
                 if k == _USER_DEFINED and t in vocab]  # re-spelled ones would get new ids past the model
         if user:
             backend.add_tokens(user)
+        return cls._with_gguf_specials(backend, metadata)
+
+    @classmethod
+    def _with_gguf_specials(cls, backend: BackendTokenizer, metadata: dict) -> "Tokenizer":
+        """BOS (prepended when the file says so), EOS and the chat template from the file."""
+        tokens: list[str] = metadata["tokenizer.ggml.tokens"]
 
         def token(key):
             i = metadata.get(f"tokenizer.ggml.{key}")

@@ -109,6 +109,19 @@ class Studio:
         line = self.worker.status_line()
         return line, gr.Timer(active=self.worker.state == "loading")
 
+    def switch_model(self, value: str):
+        """The model picker: load `value` in a new engine (in the background, as at start) and stop
+        the old one; requests still running on it end. Returns (status, timer, chat box)."""
+        from .models import load_argument, picker_value, wants_chat
+        if self.worker is None:
+            return "Replay-only mode (started with --no-model): no model to switch.", \
+                gr.Timer(active=False), gr.Checkbox()
+        if value == picker_value(self.worker.model) and self.worker.state != "failed":
+            return (*self.status(), gr.Checkbox())
+        # the new worker stops the old one and frees its engine before it loads
+        self.worker = self.worker.with_model(load_argument(value)).start()
+        return (*self.status(), gr.Checkbox(value=wants_chat(value)))
+
     def pool(self) -> dict:
         """KV pool occupancy (for tests and monitoring): num_free == num_blocks when idle."""
         if self.worker is None:

@@ -1,6 +1,6 @@
 """Vegas Studio's page: the layout and its event wiring (behaviour is in the modules beside it).
 
-    vegas-studio [--model PATH] [--device cpu|cuda] [--host 127.0.0.1] [--port 7860] [--no-model]
+    vegas-studio [--model PATH|NAME] [--device cpu|cuda] [--host 127.0.0.1] [--port 7860] [--no-model]
 (from a clone: python app.py ...)
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ import gradio as gr
 
 from vegas_core.spec import GRANULARITIES, METHODS
 from vegas_studio_app.api import make_api
+from vegas_studio_app.models import model_choices, picker_value, wants_chat
 from vegas_studio_app.studio import MAX_UPLOAD_BYTES, Studio
 from vegas_studio_app.worker import EngineWorker
 from visualizations.tokens import STREAM_CSS
@@ -31,12 +32,16 @@ TOGGLE_REJECTED_JS = """(show) => { const el = document.querySelector('#token-st
   if (el) { el.classList.toggle('show-rejected', show); } return show; }"""
 
 
-def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
+def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> gr.Blocks:
     eng = dict(concurrency_id=ENGINE, concurrency_limit=concurrency)
     with gr.Blocks(title="Vegas Studio") as demo:
         gr.Markdown("# Vegas Studio\nSelf-speculative decoding with verification-guided sparse attention, "
                     "running on a real model. Every number is measured by the engine below.")
-        status = gr.Markdown(elem_id="engine-status")
+        with gr.Row():
+            status = gr.Markdown(elem_id="engine-status")
+            model_picker = gr.Dropdown(model_choices(model), value=picker_value(model), elem_id="model",
+                                       label="Model (switching reloads the engine every user shares)",
+                                       interactive=studio.worker is not None)
         timer = gr.Timer(1.0)
 
         with gr.Tab("Generate", id="generate"):
@@ -45,7 +50,8 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
                     prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",
                                         value="Explain in two sentences why the sky is blue.")
                     with gr.Row():
-                        chat = gr.Checkbox(value=True, label="Chat template", elem_id="chat")
+                        chat = gr.Checkbox(value=wants_chat(picker_value(model)), label="Chat template",
+                                           elem_id="chat")
                         show_rejected = gr.Checkbox(value=False, label="Show rejected drafts", elem_id="show-rejected")
                     with gr.Row():
                         generate_btn = gr.Button("Generate", variant="primary", elem_id="generate-btn")
@@ -153,6 +159,8 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
             starts(None, None, pause_btn, js=RESET_PAUSE_JS)
         step_btn.click(studio.step, outputs=[pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
         show_rejected.change(None, show_rejected, None, js=TOGGLE_REJECTED_JS)
+        model_picker.input(studio.switch_model, model_picker, [status, timer, chat], queue=False,
+                           api_name="switch_model")
 
         for ctl in (kv_request, kv_iter, kv_start):
             ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last")
@@ -177,7 +185,8 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vegas-studio", description="Vegas Studio")
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
+    p.add_argument("--model", default=None, help="GGUF file, Hugging Face directory or packaged model name "
+                   "(qwen2.5-coder-0.5b, gemma-3-270m; default: embedded SmolLM2); the page's picker switches")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: localhost only)")
@@ -204,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                               attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
     studio = Studio(worker, results_dir=args.results_dir)
-    demo = build_ui(studio, args.concurrency)
+    demo = build_ui(studio, args.concurrency, args.model)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,
                 footer_links=["api"], css=CSS, theme=THEME, show_error=False, quiet=False)

@@ -23,6 +23,7 @@ Contract:
 """
 from __future__ import annotations
 
+import gc
 import queue
 import threading
 import time
@@ -110,6 +111,7 @@ class EngineWorker:
         self.max_num_seqs = max_num_seqs
         self.stale_after_s = stale_after_s
         self._factory = engine_factory
+        self._previous: EngineWorker | None = None
         self.engine = None
         self.state = "loading"             # loading | ready | failed
         self.error: str | None = None
@@ -124,6 +126,22 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._run, name="vegas-engine", daemon=True)
 
     # -- caller side ---------------------------------------------------------------------------
+    def with_model(self, model: str | None) -> "EngineWorker":
+        """A new (not yet started) worker with this one's settings for another model. It stops this
+        one and frees its engine before loading: two models at once may not fit in memory."""
+        new = EngineWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
+                           self._factory, self.attention, self.cuda_graphs)
+        new._previous = self
+        return new
+
+    def release(self, timeout: float = 120.0) -> None:
+        """Stop the engine thread and drop the engine (its weights and KV pool)."""
+        self.shutdown()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self.engine = None
+        gc.collect()
+
     def start(self) -> "EngineWorker":
         self._thread.start()
         return self
@@ -163,6 +181,9 @@ class EngineWorker:
 
     # -- engine thread -------------------------------------------------------------------------
     def _load(self) -> None:
+        if self._previous is not None:     # the model this worker replaces
+            self._previous.release()
+            self._previous = None
         try:
             if self._factory is not None:
                 self.engine = self._factory()

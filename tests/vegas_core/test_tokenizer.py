@@ -130,3 +130,22 @@ def test_save_pretrained_round_trip(tmp_path, ours):
         assert again.encode(text) == ours.encode(text)
     assert again.apply_chat_template(CONVERSATION) == ours.apply_chat_template(CONVERSATION)
     assert (again.bos_token_id, again.eos_token_ids, again.vocab_size) == (1, (2,), 49152)
+
+
+def test_sentencepiece_gguf_is_gemmas_only():
+    """A SentencePiece vocabulary is rebuilt with Gemma's conventions, so a file of another
+    architecture is refused rather than tokenized with the wrong merge order."""
+    import pytest
+
+    from vegas_core.errors import ModelLoadError
+    from vegas_core.tokenizer import Tokenizer
+    metadata = {"general.architecture": "llama", "tokenizer.ggml.model": "llama",
+                "tokenizer.ggml.tokens": ["<unk>", "a"], "tokenizer.ggml.scores": [0.0, 0.0]}
+    with pytest.raises(ModelLoadError, match="'llama' is not supported"):
+        Tokenizer.from_gguf_metadata(metadata)
+    tiny = Tokenizer.from_gguf_metadata({**metadata, "general.architecture": "gemma3",
+                                         "tokenizer.ggml.tokens": ["<unk>", "<bos>", "a", "b", "ab", " ", "▁a"],
+                                         "tokenizer.ggml.token_type": [2, 3, 1, 1, 1, 1, 1],
+                                         "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.add_bos_token": True})
+    assert tiny.encode("ab a", add_special_tokens=True) == [1, 4, 6]
+    assert tiny.decode([4, 6]) == "ab a"

@@ -1,7 +1,9 @@
 """PyTorch reference attention over the paged pool: dense with causal masking for any number of query
 rows, logit collection for chosen rows (Collect-2-Query and friends), and gathered sparse attention
 for draft steps. Written for clarity and exactness, one request at a time; the Triton kernels are
-tested against the same maths."""
+tested against the same maths. Sliding-window layers (`windows[layer]`, Gemma 3's local layers) see
+only the last `window` keys of each row, whatever the step: no draft selection and no logit
+collection there (their window is already small; selection is for the global layers)."""
 from __future__ import annotations
 
 import torch
@@ -28,6 +30,14 @@ def causal_mask(rows: int, ctx: int, device) -> torch.Tensor:
     return c > (ctx - rows + r)
 
 
+def window_mask(rows: int, ctx: int, window: int, device) -> torch.Tensor:
+    """`causal_mask`, and also True where key c is `window` or more positions before row r's."""
+    r = torch.arange(rows, device=device)[:, None]
+    c = torch.arange(ctx, device=device)[None, :]
+    pos = ctx - rows + r
+    return (c > pos) | (c <= pos - window)
+
+
 def weighted_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """p [rows, H, ctx] float32, v [ctx, KVH, d] -> [rows, H, d] float32."""
     rows, heads, ctx = p.shape
@@ -39,8 +49,12 @@ def weighted_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 class ReferenceBackend:
     name = "reference"
 
-    def __init__(self, scale: float):
+    def __init__(self, scale: float, windows=()):
         self.scale = scale
+        self.windows = tuple(windows)   # per layer: keys a query sees (None: all); () = all None
+
+    def _window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -51,14 +65,19 @@ class ReferenceBackend:
         kf, vf = pool.flat(layer)
         out = torch.empty_like(q)
         batch = meta.decode_batch
+        window = self._window(layer)
         if batch is not None:
-            out[batch.q_rows] = self._decode_batch(q[batch.q_rows], kf, vf, batch).to(q.dtype)
+            out[batch.q_rows] = self._decode_batch(q[batch.q_rows], kf, vf, batch, window).to(q.dtype)
         for i, seq in enumerate(meta.seqs):
             if batch is not None and i in batch.seq_indices:
                 continue
             qs = q[seq.q_start: seq.q_start + seq.q_len]
-            if seq.sparse is not None:
+            if seq.sparse is not None and window is None:
                 o = self._sparse(layer, qs, kf, vf, seq)
+            elif window is not None:
+                o = self._windowed(qs, kf, vf, seq, window)
+                if seq.sparse is not None and seq.sparse.wants_recall:
+                    seq.sparse.record_recall(layer, 1.0)   # a draft sees the target's own window
             else:
                 o = self._dense(layer, i, qs, kf, vf, seq, meta)
             out[seq.q_start: seq.q_start + seq.q_len] = o.to(q.dtype)
@@ -77,16 +96,36 @@ class ReferenceBackend:
             meta.collector.put(i, layer, s[:, :, : seq.collect_upto], torch.logsumexp(s, dim=-1))
         return out
 
-    def _decode_batch(self, q, kf, vf, batch):
+    def _windowed(self, q, kf, vf, seq: SeqAttention, window: int):
+        """Rows of a sliding-window layer (prefill, verification or a draft step alike): only the
+        keys some row can see are gathered, so a step reads at most `window + rows - 1` of them."""
+        rows, ctx = q.shape[0], seq.ctx_len
+        lo = max(0, ctx - rows - window + 1)
+        slots = seq.key_slots[lo:]
+        mask = ~window_mask(rows, ctx, window, q.device)[:, lo:]
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kf[slots].transpose(0, 1)[None],
+                                           vf[slots].transpose(0, 1)[None], attn_mask=mask,
+                                           scale=self.scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
+
+    def _decode_batch(self, q, kf, vf, batch, window: int | None = None):
         """Single-token full attention for B requests at once over their padded key slots.
         q [B, H, d] -> [B, H, d]. Each KV head's query group is a row block of its own, so no KV
-        head is expanded in memory."""
+        head is expanded in memory. A sliding layer masks keys `window` or more before the query."""
         b, heads, d = q.shape
         kvh = kf.shape[1]
-        keys = kf[batch.slots].transpose(1, 2)                        # [B, KVH, L, d]
-        values = vf[batch.slots].transpose(1, 2)
+        slots, valid = batch.slots, batch.valid
+        if window is not None and window < slots.shape[1]:
+            # Gather each row's last `window` positions only (a sliding layer reads its window,
+            # not the context): columns from max(0, length - window), valid below the length.
+            lengths = valid.sum(-1, keepdim=True)
+            cols = (lengths - window).clamp(min=0) + torch.arange(window, device=slots.device)[None, :]
+            valid = cols < lengths
+            slots = slots.gather(1, cols.clamp(max=slots.shape[1] - 1))
+        keys = kf[slots].transpose(1, 2)                              # [B, KVH, L, d]
+        values = vf[slots].transpose(1, 2)
         qg = q.view(b, kvh, heads // kvh, d)                           # [B, KVH, G, d]
-        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=batch.valid[:, None, None, :],
+        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
                                            scale=self.scale)
         return o.reshape(b, heads, d)
 

@@ -293,7 +293,8 @@ class _NoBar:
 def add_model_arguments(p, attention: bool = True) -> None:
     """The options every benchmark shares: which model, where, in what precision (and, unless the
     benchmark runs both attention paths itself, which one)."""
-    p.add_argument("--model", default=None, help="GGUF file or Hugging Face directory (default: embedded SmolLM2)")
+    p.add_argument("--model", default=None, help="GGUF file, Hugging Face directory or packaged model name "
+                   "(qwen2.5-coder-0.5b, gemma-3-270m; default: embedded SmolLM2)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's own choice, usually one per core)")

@@ -77,15 +77,23 @@ def hf_model(model_path: str | None, device: torch.device, dtype: torch.dtype):
     loaded = load_model(path)
     cfg = loaded.config
     cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[cfg.arch]
+           "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+           "gemma3": transformers.Gemma3TextConfig}[cfg.arch]
     extra = {"attention_bias": cfg.attention_bias} if cfg.arch in ("llama", "qwen3") else {}
+    rope = dict(rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling)
+    if cfg.arch == "gemma3":   # hybrid attention; one RoPE set per layer type
+        extra = dict(sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types),
+                     query_pre_attn_scalar=cfg.query_pre_attn_scalar or cfg.head_dim,
+                     final_logit_softcapping=cfg.final_logit_softcapping)
+        rope = dict(rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})},
+            "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_theta}})
     hf_cfg = cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
                  num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
                  max_position_embeddings=cfg.max_position_embeddings, rms_norm_eps=cfg.rms_norm_eps,
-                 rope_theta=cfg.rope_theta, rope_scaling=cfg.rope_scaling,
                  tie_word_embeddings=cfg.tie_word_embeddings, bos_token_id=cfg.bos_token_id,
-                 eos_token_id=list(cfg.eos_token_ids) or None, **extra)
+                 eos_token_id=list(cfg.eos_token_ids) or None, **rope, **extra)
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
     missing, unexpected = model.load_state_dict(loaded.weights, strict=False)
     missing = [m for m in missing if not (cfg.tie_word_embeddings and m == "lm_head.weight")]

@@ -2,7 +2,8 @@
 process and one engine, so the ratios between them are measured side by side.
 
 Workloads (prompts are real text: slices of the standard-library corpus, `texts.long_text`, in the
-model's chat template; lengths spread evenly over the range):
+model's chat template, or plain after BOS for a base model without one; lengths spread evenly over
+the range):
 - `reasoning`: 100-300-token prompts, 1,024 generated tokens, batch 64, the prompt set replayed
   twice so continuous batching keeps the batch full (the paper replays its datasets the same way);
 - `long-input`: 4K-7.5K-token prompts, 256 generated tokens, batch 32;
@@ -122,10 +123,17 @@ def build_workload(args, tokenizer, config, on_gpu: bool) -> Workload:
     for n in lengths:
         excerpt = tokenizer.decode(texts.long_text(n, tokenizer, offset))
         offset += n
-        chat = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTIONS[name] + excerpt}],
-                                             add_generation_prompt=True)
-        prompts.append(tokenizer.encode(chat))
+        prompts.append(prompt_ids(tokenizer, INSTRUCTIONS[name] + excerpt))
     return Workload(name, prompts * replays, gen, batch, (lo, hi), unique=len(prompts))
+
+
+def prompt_ids(tokenizer, text: str) -> list[int]:
+    """The text in the model's chat template; a base model without one (Gemma-3-270M) gets the
+    plain text after its BOS, as a base model is prompted."""
+    if tokenizer.chat_template is None:
+        return tokenizer.encode(text, add_special_tokens=True)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return tokenizer.encode(chat)
 
 
 def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int,
@@ -137,7 +145,8 @@ def bandwidth_bound(workload: Workload, config, weight_bytes: int, itemsize: int
     kv_per_token = config.kv_bytes_per_token(itemsize)
     mean_context = sum(len(p) for p in workload.prompts) / len(workload.prompts) \
         + (workload.gen_tokens - 1) / 2
-    step_bytes = weight_bytes + workload.batch * mean_context * kv_per_token
+    # a sliding-window layer (Gemma 3) reads its window only
+    step_bytes = weight_bytes + workload.batch * config.kv_bytes_read(mean_context, itemsize)
     step_s = step_bytes / (copy_tbps * 1e12)
     return dict(copy_TBps=copy_tbps, mean_context=mean_context, kv_bytes_per_token=kv_per_token,
                 weight_bytes=weight_bytes, step_bytes=step_bytes, step_ms=1e3 * step_s,

@@ -10,6 +10,7 @@ Llama names, whatever the source:
           carry o_proj.bias; Qwen2 never does -- the forward adds it when the key is present)
     model.layers.{i}.self_attn.{q,k}_norm.weight   when config.qk_norm (Qwen3)
     model.layers.{i}.mlp.{gate,up,down}_proj.weight
+    model.layers.{i}.{pre,post}_feedforward_layernorm.weight   Gemma 3 (its norm weights w scale by 1 + w)
 
 Every failure is a ModelLoadError (UnsupportedArchitectureError for a readable model of another
 architecture) with a one-line message naming the path; a number that would only show later as NaN
@@ -57,12 +58,15 @@ def default_model_path() -> str:
 
 
 def load_model(path: str | None = None) -> LoadedModel:
-    """Load a `.gguf` file or a Hugging Face directory (config.json + *.safetensors + tokenizer.json);
+    """Load a `.gguf` file, a Hugging Face directory (config.json + *.safetensors + tokenizer.json)
+    or a packaged model by name (`registry.PACKAGED_MODELS`: qwen2.5-coder-0.5b, gemma-3-270m);
     `None` loads the default model."""
     from .gguf_loader import load_gguf
     from .hf_loader import load_hf_dir
+    from .registry import resolve_model_name
 
     path = default_model_path() if path is None else os.fspath(path)
+    path = resolve_model_name(path) or path
     if not os.path.exists(path):
         raise ModelLoadError(f"model path {path!r} does not exist")
     if os.path.isfile(path) and path.lower().endswith(".gguf"):
@@ -91,6 +95,8 @@ def expected_weight_names(config: ModelConfig) -> tuple[set[str], set[str]]:
             "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")}
         if config.qk_norm:
             required |= {layer + "self_attn.q_norm.weight", layer + "self_attn.k_norm.weight"}
+        if config.arch == "gemma3":
+            required |= {layer + "pre_feedforward_layernorm.weight", layer + "post_feedforward_layernorm.weight"}
         if config.attention_bias:
             required |= {layer + f"self_attn.{p}_proj.bias" for p in "qkv"}
             optional.add(layer + "self_attn.o_proj.bias")

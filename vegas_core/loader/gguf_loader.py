@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ..config import FULL, SLIDING, SUPPORTED_ARCHITECTURES, ModelConfig
 from ..errors import ModelLoadError, UnsupportedArchitectureError
 from ..tokenizer import Tokenizer
 
@@ -33,7 +33,7 @@ from ..tokenizer import Tokenizer
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
                    10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
-_GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}  # general.architecture -> ours
+_GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}  # general.architecture -> ours
 
 # GGUF tensor name -> HF name: whole names, then the leaf of `blk.{i}.{leaf}.{weight|bias}`
 _GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -43,6 +43,12 @@ _BLOCK_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_laye
                 "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
                 "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
                 "ffn_down": "mlp.down_proj"}
+# Gemma: ffn_norm is the MLP's own pre-norm, and two post-norms follow attention and the MLP
+_GEMMA_BLOCK_NAMES = {**_BLOCK_NAMES, "ffn_norm": "pre_feedforward_layernorm",
+                      "post_attention_norm": "post_attention_layernorm",
+                      "post_ffw_norm": "post_feedforward_layernorm"}
+_GEMMA_SLIDING_PATTERN = 6   # llama.cpp's for Gemma 3 files without the key: every 6th layer global
+_GEMMA_LOCAL_ROPE_BASE = 10000.0   # llama.cpp's and transformers' for Gemma 3 sliding layers
 _IGNORED_TENSORS = {"rope_freqs.weight"}  # llama3 rope factors: recomputed from rope_scaling
 # block formats whose gguf kernels need no lookup grids (see _row_kernel)
 _FAST_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
@@ -217,7 +223,29 @@ def gguf_config(metadata: dict, shapes: dict[str, tuple[int, ...]], tokenizer: T
         bos_token_id=tokenizer.bos_token_id,
         eos_token_ids=tokenizer.eos_token_ids,
         name=str(metadata.get("general.name", "")),
+        **(_gemma3_fields(key) if found == "gemma3" else {}),
     )
+
+
+def _gemma3_fields(key) -> dict:
+    """Gemma 3's hybrid attention, as llama.cpp reads the same file: a sliding-window pattern
+    (the key, when the file has it, else every 6th layer global), local RoPE base 10,000, and
+    attention scale 1/sqrt(head_dim) but for the 27B (62 layers), which uses hidden/heads."""
+    layers = int(key("block_count"))
+    pattern = key("attention.sliding_window_pattern", _GEMMA_SLIDING_PATTERN)
+    if isinstance(pattern, list):   # one flag a layer: true = sliding
+        sliding = [bool(p) for p in pattern]
+    else:
+        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
+    if key("attn_logit_softcapping") not in (None, 0, 0.0):
+        raise UnsupportedArchitectureError("Gemma attention-logit soft-capping is not supported")
+    scalar = None
+    if layers == 62:
+        scalar = int(key("embedding_length")) / int(key("attention.head_count"))
+    return dict(sliding_window=int(key("attention.sliding_window")),
+                layer_types=tuple(SLIDING if s else FULL for s in sliding),
+                rope_local_theta=_GEMMA_LOCAL_ROPE_BASE, query_pre_attn_scalar=scalar,
+                final_logit_softcapping=key("final_logit_softcapping") or None)
 
 
 def _check_arch(found) -> str:
@@ -237,7 +265,8 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 
 def _load_weights(buf: mmap.mmap, tensors: list[TensorInfo], config: ModelConfig) -> dict[str, torch.Tensor]:
-    named = [(hf, info) for info in tensors if (hf := _hf_name(info.name)) is not None]
+    block_names = _GEMMA_BLOCK_NAMES if config.arch == "gemma3" else _BLOCK_NAMES
+    named = [(hf, info) for info in tensors if (hf := _hf_name(info.name, block_names)) is not None]
     # numpy releases the GIL in its kernels, so tensors dequantize in parallel
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
         arrays = list(pool.map(lambda item: _dequantize(buf, item[1]), named))
@@ -247,18 +276,20 @@ def _load_weights(buf: mmap.mmap, tensors: list[TensorInfo], config: ModelConfig
             values = unpermute_qk(values, config.num_heads)
         elif config.arch == "llama" and ".self_attn.k_proj." in hf:
             values = unpermute_qk(values, config.num_kv_heads)
+        elif config.arch == "gemma3" and hf.endswith("norm.weight"):
+            values -= 1.0   # llama.cpp stores Gemma's norm scale 1 + w; HF names and our forward use w
         weights[hf] = torch.from_numpy(values)
     return weights
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, block_names: dict[str, str] = _BLOCK_NAMES) -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _IGNORED_TENSORS:
         return None
     parts = gguf_name.split(".")  # blk.{i}.{leaf}.{weight|bias}
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in block_names:
+        return f"model.layers.{parts[1]}.{block_names[parts[2]]}.{parts[3]}"
     raise ValueError(f"unexpected tensor {gguf_name!r}")
 
 

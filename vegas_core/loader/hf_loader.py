@@ -3,7 +3,8 @@
 Contract: `load_hf_dir(path) -> (ModelConfig, weights, Tokenizer)`; weights keep their HF names and
 are converted to float32. Reads both config spellings: transformers < 5 (`rope_theta`,
 `rope_scaling` with "type" or "rope_type") and transformers >= 5 (`rope_parameters`). Sliding-window
-attention (Mistral, Qwen `use_sliding_window`) is ignored: the engine attends over the full cache.
+attention (Mistral, Qwen `use_sliding_window`) is ignored: the engine attends over the full cache;
+Gemma 3's (`model_type` gemma3_text) is not: its sliding layers are part of the architecture.
 """
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ from dataclasses import replace
 
 import torch
 
-from ..config import SUPPORTED_ARCHITECTURES, ModelConfig
+from ..config import FULL, SLIDING, SUPPORTED_ARCHITECTURES, ModelConfig
 from ..errors import ModelLoadError, UnsupportedArchitectureError
 from ..tokenizer import Tokenizer
 
 # model_type -> (our arch, default max_position_embeddings when config.json omits it)
 # (the transformers config-class defaults)
 _HF_ARCHS = {"llama": ("llama", 2048), "mistral": ("mistral", 131072), "qwen2": ("qwen2", 32768),
-             "qwen3": ("qwen3", 32768)}
+             "qwen3": ("qwen3", 32768), "gemma3_text": ("gemma3", 131072)}
 
 
 def load_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -49,7 +50,9 @@ def hf_config(cfg: dict) -> ModelConfig:
     if cfg.get("mlp_bias"):
         raise UnsupportedArchitectureError(f"{model_type} with mlp_bias=true is not supported")
     arch, default_context = _HF_ARCHS[model_type]
-    rope = _dict_or_none(cfg, "rope_parameters") or {}
+    by_type = _dict_or_none(cfg, "rope_parameters") or {}
+    # Gemma 3 keeps one set per layer type: the global layers' are the model's rope
+    rope = (by_type.get(FULL) or {}) if FULL in by_type else by_type
     scaling = _dict_or_none(cfg, "rope_scaling") or {k: v for k, v in rope.items() if k != "rope_theta"}
     if scaling:  # old spelling: {"type": "linear", ...}
         scaling = {("rope_type" if k == "type" else k): v for k, v in scaling.items()}
@@ -69,15 +72,16 @@ def hf_config(cfg: dict) -> ModelConfig:
             max_position_embeddings=_int(cfg, "max_position_embeddings", default_context),
             rms_norm_eps=_float(cfg, "rms_norm_eps", 1e-6),
             rope_theta=_float(cfg, "rope_theta", None) if cfg.get("rope_theta") is not None
-            else _float(rope, "rope_theta", 10000.0),
+            else _float(rope, "rope_theta", 1_000_000.0 if arch == "gemma3" else 10000.0),
             rope_scaling=scaling or None,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama/Qwen3 have q/k/v *and* o_proj biases when set
             attention_bias=True if arch == "qwen2" else bool(cfg.get("attention_bias", False)),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             bos_token_id=(_ids(cfg.get("bos_token_id"), "config.json") or [None])[0],
             eos_token_ids=tuple(_ids(cfg.get("eos_token_id"), "config.json")),
             name=str(cfg.get("_name_or_path", "")),
+            **(_gemma3_fields(cfg, by_type) if arch == "gemma3" else {}),
         )
     except ValueError as exc:   # ModelConfig's own checks (heads not a multiple of KV heads)
         raise ModelLoadError(f"config.json: {exc}") from None
@@ -108,6 +112,24 @@ def _dict_or_none(cfg: dict, key: str) -> dict | None:
     if v is not None and not isinstance(v, dict):
         raise ModelLoadError(f"config.json: {key} must be an object or null, got {v!r}")
     return v
+
+
+def _gemma3_fields(cfg: dict, rope: dict) -> dict:
+    """Gemma 3's extras; both config spellings: per-layer-type `rope_parameters` (transformers >= 5)
+    or `rope_theta` + `rope_local_base_freq`, and `layer_types` or a `sliding_window_pattern`."""
+    if cfg.get("attn_logit_softcapping"):
+        raise UnsupportedArchitectureError("Gemma attention-logit soft-capping is not supported")
+    if cfg.get("hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise UnsupportedArchitectureError(f"gemma3 with hidden_activation {cfg['hidden_activation']!r} is not supported")
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if not types:
+        pattern = cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6
+        types = [SLIDING if (i + 1) % pattern else FULL for i in range(layers)]
+    local = (rope.get(SLIDING) or {}).get("rope_theta") or cfg.get("rope_local_base_freq") or 10000.0
+    return dict(sliding_window=cfg.get("sliding_window"), layer_types=tuple(types),
+                rope_local_theta=float(local), query_pre_attn_scalar=cfg.get("query_pre_attn_scalar", 256),
+                final_logit_softcapping=cfg.get("final_logit_softcapping"))
 
 
 def _load_safetensors(path: str) -> dict[str, torch.Tensor]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidRequestError
-from .select import quest_page_bounds, select_from_logits
+from .select import no_selection, quest_page_bounds, select_from_logits
 from .views import FixedSelection, QuestSelection, StreamSelection
 
 
@@ -98,7 +98,10 @@ class VerificationGuided(Proposer):
         k = s.budget(ctx.base)
         logits, lse = ctx.collected
         keep = self.scored_rows(ctx.collected_rows, ctx.num_accepted)
+        # A sliding-window layer (Gemma 3's local layers) attends its window whole and collects
+        # nothing: its set is empty.
         per_layer = [select_from_logits(logits[layer][keep], lse[layer][keep], k, ctx.kv_heads, s.granularity)
+                     if layer in logits else no_selection(s.granularity, ctx.kv_heads)
                      for layer in range(ctx.num_layers)]
         return FixedSelection(ctx.base, k, per_layer, s.record_recall)
 

@@ -24,6 +24,11 @@ def select_from_logits(logits: torch.Tensor, lse: torch.Tensor, k: int, kv_heads
     return topk_sorted(score, k)
 
 
+def no_selection(granularity: str, kv_heads: int) -> torch.Tensor:
+    """The empty set of a layer that selects nothing (a sliding-window layer): [G, 0]."""
+    return torch.empty(1 if granularity == "layer" else kv_heads, 0, dtype=torch.long)
+
+
 def topk_sorted(score: torch.Tensor, k: int) -> torch.Tensor:
     idx = torch.topk(score, k, dim=-1, sorted=False).indices
     return torch.sort(idx, dim=-1).values

@@ -169,6 +169,28 @@ def test_bandwidth_bound_is_the_designs_22k_at_batch_64_and_8k():
     assert e2e.read_weight_bytes({**tied, "lm_head.weight": torch.zeros(10, 4)}, 2) == 2 * 43
 
 
+def test_bandwidth_bound_reads_a_sliding_layers_window_only():
+    """Gemma-3-270M at 32K: the 15 sliding layers read 512 tokens each, the 3 global ones all."""
+    from vegas_core.bench import e2e
+    from vegas_core.config import ModelConfig
+
+    types = tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18))
+    cfg = ModelConfig(arch="gemma3", vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                      num_layers=18, num_heads=4, num_kv_heads=1, head_dim=256,
+                      max_position_embeddings=32768, sliding_window=512, layer_types=types)
+    workload = e2e.Workload("long-input", [[0] * 32000] * 8, gen_tokens=1, batch=8, prompt_range=(32000, 32000))
+    bound = e2e.bandwidth_bound(workload, cfg, weight_bytes=0, itemsize=2, copy_tbps=4.2)
+    per_layer = 2 * 1 * 256 * 2
+    assert bound["step_bytes"] == 8 * per_layer * (3 * 32000 + 15 * 512)
+
+
+def test_base_model_prompts_are_plain_text_after_bos(gemma_model):
+    from vegas_core.bench import e2e
+    tok = gemma_model.tokenizer
+    assert tok.chat_template is None
+    assert e2e.prompt_ids(tok, "Explain this code:") == [tok.bos_token_id] + tok.encode("Explain this code:")
+
+
 def test_prompt_tokens_override_the_workload_and_must_fit(tiny_model):
     import argparse
 
