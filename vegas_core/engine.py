@@ -247,12 +247,28 @@ class Engine:
                 del req.token_ids[len(req.token_ids) - (len(new_ids) - keep):]
                 new_ids = new_ids[:keep]
                 req.finish_reason = "stop"
+                if out.iteration is not None:   # the trace's emitted tokens are the output's
+                    out.iteration["emitted"] = out.iteration["emitted"][:keep]
             self.core.finish(req, "stop")
+        if req.finished:
+            # The request keeps its result; the engine keeps nothing of a finished request.
+            req.result = self._result(req, self._trackers.pop(req.request_id))
         return StreamEvent(req.request_id, delta, new_ids, out.rejected_ids, req.finished, req.finish_reason,
                            out.iteration)
 
     def result(self, req: Request) -> GenerationResult:
-        tr = self._trackers[req.request_id]
+        """The request's result: its final one once it has finished (kept on the request, so the
+        engine holds nothing of it), else what it has generated so far."""
+        with self._lock:
+            tracker = self._trackers.get(req.request_id)
+        if tracker is None and req.result is not None:
+            return req.result
+        if tracker is None:
+            raise InvalidRequestError(f"request {req.request_id} is not this engine's, or was aborted")
+        return self._result(req, tracker)
+
+    @staticmethod
+    def _result(req: Request, tr: "_Tracker") -> GenerationResult:
         return GenerationResult(
             request_id=req.request_id, text=tr.text, token_ids=req.output_ids, prompt_ids=req.prompt_ids,
             prompt_tokens=req.num_prompt,

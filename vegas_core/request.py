@@ -44,6 +44,7 @@ class Request:
     # `iterations_left` (when set) holds it again after that many iterations.
     held: bool = False
     iterations_left: int | None = None
+    result: Any = None         # the front end's GenerationResult, once finished (`Engine.result`)
 
     def __post_init__(self):
         if not self.token_ids:

@@ -6,6 +6,8 @@ import dataclasses
 import pytest
 import torch
 
+from vegas_core.options import EngineOptions
+
 from vegas_core.architectures import attention_for, build_causal_lm, kernel_path_unsupported
 from vegas_core.config import ModelConfig
 from vegas_core.errors import InvalidRequestError
@@ -37,8 +39,8 @@ def test_a_model_runner_asked_for_kernels_refuses_gemma():
     from vegas_core.model_runner import ModelRunner
     weights = {k: v.clone() for k, v in build_causal_lm(GEMMA).state_dict().items()}
     with pytest.raises(InvalidRequestError, match="attention='triton' cannot run gemma3"):
-        ModelRunner(GEMMA, weights, torch.device("cpu"), torch.float32, num_blocks=4, block_size=4,
-                    attention="triton")
+        ModelRunner(GEMMA, weights, torch.device("cpu"), torch.float32, num_blocks=4,
+                    options=EngineOptions(block_size=4, attention="triton"))
 
 
 def test_layer_windows_and_kv_reads():

@@ -166,7 +166,7 @@ def test_tiny_gemma3_matches_transformers(tmp_path, make_tiny_hf_model, case):
     assert loaded.config.arch == "gemma3" and loaded.config.sliding_window == 5
     assert loaded.config.layer_types == tuple(hf.config.layer_types)
     runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
-                         num_blocks=32, block_size=4)
+                         num_blocks=32, options=EngineOptions(block_size=4))
     _compare(runner, hf, loaded.config.vocab_size)
 
 
@@ -202,7 +202,7 @@ def _packaged_model_diff(loaded, prompt_len: int) -> float:
     prompt = torch.randint(0, c.vocab_size, (prompt_len,), generator=g).tolist()
     steps = torch.randint(0, c.vocab_size, (3,), generator=g).tolist()
     blocks = 2 * (-(-(prompt_len + len(steps)) // 16)) + 2
-    runner = ModelRunner(c, loaded.weights, torch.device("cpu"), torch.float32, num_blocks=blocks, block_size=16)
+    runner = ModelRunner(c, loaded.weights, torch.device("cpu"), torch.float32, num_blocks=blocks, options=EngineOptions(block_size=16))
     ours = _last_rows(runner, prompt, steps)
     del runner
     theirs = _hf_last_rows(hf_twin(loaded, torch.float32), prompt, steps)
@@ -235,7 +235,7 @@ def test_tiny_gemma3_batched_decode_matches_transformers(tmp_path, make_tiny_hf_
     path, hf = make_tiny_hf_model(tmp_path / "gemma3", "gemma3", **{**TINY_GEMMA3, "sliding_window": 8})
     loaded = load_model(path)
     runner = ModelRunner(loaded.config, loaded.weights, torch.device("cpu"), torch.float32,
-                         num_blocks=32, block_size=4)
+                         num_blocks=32, options=EngineOptions(block_size=4))
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 262, (n,), generator=g).tolist() for n in (3, 11)]
     steps = [torch.randint(0, 262, (9,), generator=g).tolist() for _ in prompts]

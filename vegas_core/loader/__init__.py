@@ -161,7 +161,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
                  "self_attn.q_proj.bias": (q,), "self_attn.k_proj.bias": (kv,), "self_attn.v_proj.bias": (kv,),
                  "self_attn.o_proj.bias": (h,), "self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,),
                  "mlp.gate_proj.weight": (inter, h), "mlp.up_proj.weight": (inter, h),
-                 "mlp.down_proj.weight": (h, inter)}
+                 "mlp.down_proj.weight": (h, inter), "pre_feedforward_layernorm.weight": (h,),
+                 "post_feedforward_layernorm.weight": (h,)}
     for i in range(config.num_layers):
         shapes.update({f"model.layers.{i}.{k}": s for k, s in per_layer.items()})
     return shapes
