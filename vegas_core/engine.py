@@ -51,6 +51,8 @@ class StreamEvent:
     finished: bool
     finish_reason: str | None
     iteration: dict | None
+    selected: dict | None = None              # `StepOutput.selected`: the set chosen for the next drafts
+    accept_draws: list[float] | None = None   # `StepOutput.accept_draws`: the acceptance test's u_j
 
 
 @dataclass
@@ -186,7 +188,8 @@ class Engine:
             if stopped and not out.finished:
                 self.core.finish(out.request, "stop")
             events.append(StreamEvent(out.request.request_id, delta, out.new_token_ids, out.rejected_ids,
-                                      out.request.finished, out.request.finish_reason, out.iteration))
+                                      out.request.finished, out.request.finish_reason, out.iteration,
+                                      out.selected, out.accept_draws))
         return events
 
     def result(self, req: Request) -> GenerationResult:

@@ -26,7 +26,7 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool
 from .model_runner import BatchEntry, ModelRunner
-from .random_streams import DRAFT, stream_key
+from .random_streams import ACCEPT, DRAFT, stream_key, uniforms
 from .rejection import RejectionResult, greedy_accept_batch, rejection_sample_batch
 from .request import Request, Status
 from .sampling import SamplingParams, is_filtered, logits_to_probs, sample_rows, sampling_tensors
@@ -40,6 +40,9 @@ from .transfer import to_device, to_host_async
 
 @dataclass
 class StepOutput:
+    """One iteration of one request. `num_accepted` is the drafter's count (drafts the verifier
+    accepted, as vLLM counts them); `new_token_ids` is what the user got: fewer when a stop token or
+    max_tokens ends the run inside the iteration."""
     request: Request
     new_token_ids: list[int]
     finished: bool
@@ -47,6 +50,11 @@ class StepOutput:
     num_drafted: int = 0
     num_accepted: int = 0
     iteration: dict | None = None                           # trace record (when tracing)
+    # When tracing: the set this iteration's verification chose for the next draft phase (a trace
+    # Selection dict; None when the policy chooses while drafting, as quest does), and the ACCEPT
+    # draws u_j its acceptance test compared with p/q (sampled requests only).
+    selected: dict | None = None
+    accept_draws: list[float] | None = None
 
 
 @dataclass
@@ -705,8 +713,14 @@ class EngineCore:
         out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:],
                          num_drafted=len(drafts), num_accepted=res.num_accepted)
         if self.options.trace:
-            out.iteration = self._record(req, res, base, selection, drafts)
+            out.iteration = self._record(req, res, base, selection, drafts, kept)
             req.iterations.append(out.iteration)
+            if req.spec.speculative and req.selection is not None and req.selection.first_step_sets():
+                out.selected = _selection_record(req.spec.granularity, req.selection)
+            if drafts and not req.sampling.is_greedy:
+                # The draws rejection_sample_batch made: a pure function of (key, position, ACCEPT).
+                where = torch.arange(base + 1, base + 1 + len(drafts), dtype=torch.long)
+                out.accept_draws = uniforms(torch.tensor([req.rng_key]), where[None], ACCEPT)[0].tolist()
         return out
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
@@ -716,12 +730,15 @@ class EngineCore:
             return "length"
         return None
 
-    def _record(self, req: Request, res: RejectionResult, base: int, selection, drafts: list[int]) -> dict:
+    def _record(self, req: Request, res: RejectionResult, base: int, selection, drafts: list[int],
+                kept: list[int]) -> dict:
+        """`kept`: the tokens the request emitted, a prefix of `res.tokens` when the run ended inside
+        the iteration; `num_accepted` and `final_token` stay what the verifier decided."""
         d = [dict(token_id=t, draft_prob=_prob(res.draft_probs[j]), target_prob=_prob(res.target_probs[j]),
                   accepted=j < res.num_accepted) for j, t in enumerate(drafts)]
         kind = "decode" if not drafts else ("bonus" if res.bonus else "correction")
         rec = dict(index=len(req.iterations), step=self.step_index, position=base, drafts=d,
-                   num_accepted=res.num_accepted, emitted=list(res.tokens), final_token=res.tokens[-1],
+                   num_accepted=res.num_accepted, emitted=list(kept), final_token=res.tokens[-1],
                    final_kind=kind, selection=None, recall=None)
         if selection is not None and drafts:
             rec["selection"] = _selection_record(req.spec.granularity, selection)
