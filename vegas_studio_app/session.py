@@ -12,6 +12,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .runs import RunLog
+
 
 @dataclass(eq=False)
 class Session:
@@ -29,6 +31,14 @@ class Session:
     streaming: bool = False             # the Generate stream of `handle` is in flight (live step-through)
     run_info: tuple | None = None       # (SpecParams, SamplingParams) of the live run
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The run selector (runs.py): every run of this session, the one every tab shows, the one the
+    # KV controls were last set for (they reset only when that changes), and the live run's Select
+    # sets and acceptance draws by iteration index (the engine's, not kept in traces).
+    runlog: RunLog = field(default_factory=RunLog)
+    selected_run: str | None = None
+    kv_run: str | None = None
+    live_selected: dict = field(default_factory=dict)
+    live_draws: dict = field(default_factory=dict)
 
     @property
     def running(self) -> bool:
