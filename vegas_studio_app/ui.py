@@ -24,6 +24,8 @@ CSS = STREAM_CSS + """
 #token-stream { min-height: 120px; }
 #token-stream.show-rejected .vs-rejected { display: inline; }
 .vs-compare table { border-collapse: collapse; font-size: 13px; }
+.vs-stages table { border-collapse: collapse; font-size: 12px; margin: 4px 0; }
+.vs-stages td, .vs-stages th { padding: 1px 6px; border-bottom: 1px solid #e9ecef; white-space: nowrap; }
 .vs-compare td, .vs-compare th { border: 1px solid #dee2e6; padding: 3px 6px; vertical-align: top; }
 """
 RESET_PAUSE_JS = "() => 'Pause'"
@@ -122,7 +124,7 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
                 cmp_methods = gr.CheckboxGroup([m for m in METHODS if m != "vanilla"],
                                                value=[m for m in METHODS if m != "vanilla"],
                                                label="methods (vanilla always runs)", elem_id="cmp-methods")
-                cmp_temp = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
+                cmp_temp = gr.Slider(0, 2, value=0, step=0.05, label="temperature", elem_id="cmp-temperature")
                 cmp_tokens = gr.Number(value=32, precision=0, label=f"max tokens (1–{COMPARE_TOKENS_LIMIT})",
                                        elem_id="cmp-max-tokens")
             with gr.Row():

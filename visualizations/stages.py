@@ -99,8 +99,10 @@ def _select_text(it, config, selected, num_layers: int | None) -> str:
 
 
 def _card(key: str, n: int, title: str, body: str) -> str:
-    return (f'<div class="vs-stage" data-stage="{key}" style="flex:1;min-width:240px;border:1px solid #dee2e6;'
-            f'border-radius:6px;padding:6px 8px;"><b>{n}. {title}</b><div style="font-size:13px">{body}</div></div>')
+    # Two cards a row from ~900 px: a verify table of 16 drafts needs the width.
+    return (f'<div class="vs-stage" data-stage="{key}" style="flex:1 1 420px;min-width:0;overflow-x:auto;'
+            f'border:1px solid #dee2e6;border-radius:6px;padding:6px 8px;"><b>{n}. {title}</b>'
+            f'<div style="font-size:13px">{body}</div></div>')
 
 
 def iteration_stages_html(iteration, token_texts: Mapping[int, str] | None, config=None, model=None,
