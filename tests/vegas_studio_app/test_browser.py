@@ -93,9 +93,12 @@ def status_text(page) -> str:
     return page.inner_text("#counters .vs-status")
 
 
-def wait_done(page, timeout=STREAM_TIMEOUT_MS):
-    page.wait_for_function("() => !/^(done|stopped|⚠)/.test("
-                           "document.querySelector('#counters .vs-status').textContent.trim())", timeout=60_000)
+def wait_done(page, timeout=STREAM_TIMEOUT_MS, before: str | None = None):
+    """Until the status says done, stopped or ⚠; with `before` (the status before the click), until
+    it also differs from it (a short run can end between two polls, so "not done" may never be seen)."""
+    if before is not None:
+        page.wait_for_function("(b) => document.querySelector('#counters .vs-status').textContent.trim() != b",
+                               arg=before.strip(), timeout=60_000)
     page.wait_for_function(
         "() => { const s = document.querySelector('#counters .vs-status');"
         " return s && /^(done|stopped|⚠)/.test(s.textContent.trim()); }", timeout=timeout)
@@ -124,11 +127,12 @@ def test_generate_streams_tokens_with_their_colours(page, app_server):
     choose(page, "method", "vegas")
     set_number(page, "max-tokens", 19)                            # the issue's run: ends inside an iteration
     set_number(page, "gamma", 4)
+    before = status_text(page)
     page.click("#generate-btn")
     page.wait_for_selector("#token-stream .vs-tok", timeout=STREAM_TIMEOUT_MS)
     first_count = page.locator("#token-stream .vs-tok:not(.vs-rejected)").count()
     streaming_status = status_text(page)
-    wait_done(page)
+    wait_done(page, before=before)
     final_count = page.locator("#token-stream .vs-tok:not(.vs-rejected)").count()
     assert status_text(page).startswith("done"), status_text(page)
     # Tokens streamed: the first view came while generating, with fewer tokens than the final one.
@@ -255,9 +259,10 @@ def test_pause_holds_the_engine_and_step_runs_one_iteration(page):
 def test_change_method(page):
     choose(page, "method", "stream")
     set_number(page, "max-tokens", 12)
+    before = status_text(page)
     page.click("#generate-btn")
     page.wait_for_function("() => document.querySelector('#pause-btn').textContent.trim() == 'Pause'")
-    wait_done(page)
+    wait_done(page, before=before)
     assert status_text(page).startswith("done")
     assert page.locator("#token-stream .vs-tok:not(.vs-rejected)").count() == 12
     open_tab(page, "KV selection")
