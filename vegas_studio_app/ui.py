@@ -176,8 +176,11 @@ def build_ui(studio: Studio, concurrency: int = 8) -> gr.Blocks:
         run_select.input(studio.select_run, run_select, [pause_btn, *gen_outputs], api_visibility="private") \
             .then(**refresh)
 
+        # preprocess=False: while refresh_views moves a slider's range and value together, a change event can
+        # see the old value against the new maximum, which Gradio would refuse; render_kv clamps anyway.
         for ctl in (kv_request, kv_iter, kv_start, kv_width):
-            ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last")
+            ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last",
+                       preprocess=False)
 
         cmp_inputs = [prompt, chat, cmp_methods, gamma, sparsity, min_budget, granularity, cmp_temp, cmp_tokens]
         cmp_btn.click(studio.compare, cmp_inputs, [cmp_table, cmp_status], api_name="compare", **eng).then(**refresh)

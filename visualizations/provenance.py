@@ -2,8 +2,8 @@
 (model, method, gamma, sparsity, prompt length, device) and a provenance tag, "measured live on <device>"
 or "from <file>, <date>, <device>". The tag is also kept in `layout.meta["provenance"]` for tests.
 
-Figures share one look fit for slides: a 16 px title, 13 px subtitle, legend above the plot area (never
-clipped by a narrow panel), no fixed width (the page sizes them; exports pick theirs).
+Figures share one look fit for slides: a 16 px title, 13 px subtitle, legend at the right of the plot
+area (never over the subtitle), no fixed width (the page sizes them; exports pick theirs).
 """
 from __future__ import annotations
 
@@ -59,7 +59,8 @@ def stamp(fig: go.Figure, settings: str | None, provenance: str | None) -> go.Fi
         title=dict(text=title, font=dict(size=TITLE_PX), x=0.01, xanchor="left",
                    subtitle=dict(text=sub, font=dict(size=SUBTITLE_PX, color="#495057"))),
         font=dict(size=TICK_PX), meta=meta,
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0, font=dict(size=TICK_PX)),
+        # At the right, top-aligned: never over the two-line subtitle, however many runs it lists.
+        legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.01, font=dict(size=TICK_PX)),
         margin=dict(t=max(120, (fig.layout.margin.t or 0)), l=max(60, fig.layout.margin.l or 0),
                     r=max(30, fig.layout.margin.r or 0), b=max(55, fig.layout.margin.b or 0)))
     return fig

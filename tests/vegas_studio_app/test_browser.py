@@ -85,19 +85,19 @@ def set_number(page, elem_id: str, value):
 
 def choose(page, elem_id: str, value: str):
     page.locator(f"#{elem_id} input").first.click()
-    page.locator(f"ul[role=listbox] li:has-text('{value}')").first.click()
+    page.locator(f"ul[role=listbox] li:visible:has-text('{value}')").first.click()
     page.wait_for_timeout(200)
 
 
 def status_text(page) -> str:
-    return page.inner_text("#counters .vs-status")
+    return page.evaluate("() => document.querySelector('#counters .vs-status')?.innerText ?? ''")
 
 
 def wait_done(page, timeout=STREAM_TIMEOUT_MS, before: str | None = None):
     """Until the status says done, stopped or ⚠; with `before` (the status before the click), until
     it also differs from it (a short run can end between two polls, so "not done" may never be seen)."""
     if before is not None:
-        page.wait_for_function("(b) => document.querySelector('#counters .vs-status').textContent.trim() != b",
+        page.wait_for_function("(b) => (document.querySelector('#counters .vs-status')?.innerText ?? '').trim() != b",
                                arg=before.strip(), timeout=60_000)
     page.wait_for_function(
         "() => { const s = document.querySelector('#counters .vs-status');"
@@ -225,11 +225,14 @@ def test_pause_holds_the_engine_and_step_runs_one_iteration(page):
     choose(page, "method", "vegas")
     set_number(page, "max-tokens", 40)
     page.click("#generate-btn")
+    # This run's first iteration (not the previous run's view, which is still on the page).
     page.wait_for_function("() => { const c = document.querySelector(\"#counters [data-counter='iterations']\");"
-                           " return c && +c.textContent >= 1; }", timeout=STREAM_TIMEOUT_MS)
+                           " const s = document.querySelector('#counters .vs-status');"
+                           " return c && +c.textContent >= 1 && s.textContent.startsWith('generating'); }",
+                           timeout=STREAM_TIMEOUT_MS)
     page.click("#pause-btn")
-    page.wait_for_selector("#counters .vs-status:has-text('paused at iteration')")
-    assert page.inner_text("#pause-btn").strip() == "Resume"
+    page.wait_for_selector("#counters .vs-status:has-text('the engine holds this request')")
+    page.wait_for_function("() => document.querySelector('#pause-btn').textContent.trim() == 'Resume'")
     n = counter(page, "iterations")
     page.wait_for_timeout(1500)                                  # held: the engine runs no iteration
     assert counter(page, "iterations") == n and "paused" in status_text(page)
@@ -320,8 +323,9 @@ def test_sampled_compare_says_what_lossless_means(page):
 
 def run_options(page) -> list[str]:
     page.locator("#run-select input").first.click()
-    options = page.locator("ul[role=listbox] li").all_inner_texts()
-    page.keyboard.press("Escape")
+    options = page.locator("ul[role=listbox] li:visible").all_inner_texts()
+    page.locator("#run-select input").first.click()                # closed again
+    page.wait_for_timeout(200)
     return options
 
 
@@ -336,6 +340,7 @@ def test_run_selector_is_shared_by_every_tab(page):
     set_number(page, "kv-width", 16)
     page.wait_for_function("() => { const m = document.querySelector('#kv-zoom .js-plotly-plot')?.layout.meta;"
                            " return m && m.stop - m.start == 16; }", timeout=60_000)
+    assert page.locator(".toast-body:has-text('greater than maximum')").count() == 0    # ranges move with the run
     tour_shot(page, "kv-selection", 1280)
     open_tab(page, "Generate")
     assert "showing run #" in status_text(page)
