@@ -62,6 +62,8 @@ class StreamEvent:
     finished: bool
     finish_reason: str | None
     iteration: dict | None
+    selected: dict | None = None              # `StepOutput.selected`: the set chosen for the next drafts
+    accept_draws: list[float] | None = None   # `StepOutput.accept_draws`: the acceptance test's u_j
 
 
 @dataclass
@@ -254,7 +256,7 @@ class Engine:
             # The request keeps its result; the engine keeps nothing of a finished request.
             req.result = self._result(req, self._trackers.pop(req.request_id))
         return StreamEvent(req.request_id, delta, new_ids, out.rejected_ids, req.finished, req.finish_reason,
-                           out.iteration)
+                           out.iteration, out.selected, out.accept_draws)
 
     def result(self, req: Request) -> GenerationResult:
         """The request's result: its final one once it has finished (kept on the request, so the

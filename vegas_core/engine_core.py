@@ -32,7 +32,7 @@ from .kv_cache import KVPool, kv_pool_bytes, weights_bytes
 from .model_runner import BatchEntry, ModelRunner
 from .options import EngineOptions
 from .overlap import Overlap
-from .random_streams import DRAFT, stream_key
+from .random_streams import ACCEPT, DRAFT, stream_key, uniforms
 from .rejection import RejectionResult
 from .request import Request, Status
 from .sampling import SamplingParams, is_filtered, sample_rows, sampling_tensors
@@ -40,11 +40,14 @@ from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
 from .spec.proposers import SelectContext
-from .trace.record import iteration_record
+from .trace.record import iteration_record, selection_record
 
 
 @dataclass
 class StepOutput:
+    """One iteration of one request. `num_accepted` is the drafter's count (drafts the verifier
+    accepted, as vLLM counts them); `new_token_ids` is what the user got: fewer when a stop token or
+    max_tokens ends the run inside the iteration."""
     request: Request
     new_token_ids: list[int]
     finished: bool
@@ -52,6 +55,11 @@ class StepOutput:
     num_drafted: int = 0
     num_accepted: int = 0
     iteration: dict | None = None                           # trace record (when tracing)
+    # When tracing: the set this iteration's verification chose for the next draft phase (a trace
+    # Selection dict; None when the policy chooses while drafting, as quest does), and the ACCEPT
+    # draws u_j its acceptance test compared with p/q (sampled requests only).
+    selected: dict | None = None
+    accept_draws: list[float] | None = None
 
 
 class EngineCore:
@@ -335,9 +343,15 @@ class EngineCore:
         out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:],
                          num_drafted=len(drafts), num_accepted=res.num_accepted)
         if self.options.trace:
-            out.iteration = iteration_record(len(req.iterations), self.step_index, base, drafts, res,
+            out.iteration = iteration_record(len(req.iterations), self.step_index, base, drafts, res, kept,
                                              selection, req.spec.granularity, self.config.num_layers)
             req.iterations.append(out.iteration)
+            if req.spec.speculative and req.selection is not None and req.selection.first_step_sets():
+                out.selected = selection_record(req.spec.granularity, req.selection)
+            if drafts and not req.sampling.is_greedy:
+                # The draws rejection_sample_batch made: a pure function of (key, position, ACCEPT).
+                where = torch.arange(base + 1, base + 1 + len(drafts), dtype=torch.long)
+                out.accept_draws = uniforms(torch.tensor([req.rng_key]), where[None], ACCEPT)[0].tolist()
         return out
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:

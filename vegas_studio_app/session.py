@@ -14,6 +14,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from .runs import RunLog
+
 
 @dataclass(eq=False)
 class Session:
@@ -32,6 +34,14 @@ class Session:
     run_info: tuple | None = None       # (SpecParams, SamplingParams) of the live run
     upload_bytes: int = 0               # memory its uploaded trace is counted as (`SessionStore.charge_upload`)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The run selector (runs.py): every run of this session, the one every tab shows, the one the
+    # KV controls were last set for (they reset only when that changes), and the live run's Select
+    # sets and acceptance draws by iteration index (the engine's, not kept in traces).
+    runlog: RunLog = field(default_factory=RunLog)
+    selected_run: str | None = None
+    kv_run: str | None = None
+    live_selected: dict = field(default_factory=dict)
+    live_draws: dict = field(default_factory=dict)
 
     @property
     def running(self) -> bool:

@@ -22,11 +22,13 @@ import visualizations as viz
 from vegas_core.errors import TraceError, VegasError
 from vegas_core.sampling import SamplingParams
 from vegas_core.spec import METHODS, SpecParams
-from vegas_core.trace import Iteration, ModelInfo, RequestTrace, RunConfig, Trace, aggregates, load_trace, save_trace
-from vegas_core.trace.export import write_chrome_trace, write_csv, write_parquet
+from vegas_core.trace import (Iteration, ModelInfo, RequestTrace, RunConfig, Selection, Trace, aggregates,
+                              load_trace)
 from visualizations.export import write_figures
+from visualizations.provenance import live_provenance, settings_line, stamp
 from visualizations.tokens import stream_pieces
 
+from .exports import write_bundle, write_run_files, wrong_file
 from .session import Session, SessionStore
 from .worker import EngineWorker
 
@@ -38,6 +40,8 @@ MAX_PROMPT_CHARS = 1_000_000
 # upload within 5 s and 300 MB (tests/vegas_studio_app/test_replay_limits.py).
 MAX_UPLOAD_BYTES = 8 * 1024 * 1024
 UPLOAD_MEMORY_FACTOR = 20
+MAX_TOKENS_LIMIT = 1024      # the Generate tab's max tokens (CPU-friendly); compare's is COMPARE_TOKENS_LIMIT
+COMPARE_TOKENS_LIMIT = 512
 RENDER_INTERVAL_S = 0.15
 STEP_WAIT_S = 30.0      # how long Pause / Step wait for the engine's iteration before the stream shows it
 
@@ -64,8 +68,9 @@ def _num(x, name: str, integer: bool = False):
 
 
 def build_params(method, gamma, sparsity, min_budget, granularity, record_recall, temperature, top_p, top_k,
-                 seed, max_tokens) -> tuple[SamplingParams, SpecParams]:
-    """Validated parameters; raises a VegasError with a readable message for anything out of range."""
+                 seed, max_tokens, max_tokens_limit: int | None = None) -> tuple[SamplingParams, SpecParams]:
+    """Validated parameters; raises a VegasError with a readable message for anything out of range
+    (never a silent clamp: a value shown in a field is the value used, or the run is refused)."""
     if method not in METHODS:
         raise VegasError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     gamma_v = _num(gamma, "gamma", integer=True)
@@ -74,6 +79,8 @@ def build_params(method, gamma, sparsity, min_budget, granularity, record_recall
                       min_budget=_num(min_budget, "min budget", integer=True) or 0,
                       granularity=granularity or "layer", record_recall=bool(record_recall))
     max_t = _num(max_tokens, "max tokens", integer=True)
+    if max_t is not None and max_tokens_limit is not None and not 1 <= max_t <= max_tokens_limit:
+        raise VegasError(f"max tokens must be between 1 and {max_tokens_limit} here, got {max_t:,}")
     top_k_v = _num(top_k, "top-k", integer=True)
     sampling = SamplingParams(temperature=_num(temperature, "temperature") or 0.0,
                               top_p=1.0 if top_p is None else _num(top_p, "top-p"),
@@ -176,11 +183,39 @@ class Studio:
             tps = self._live_tps(s, shown)
         counters = viz.counters_html(len(emitted), tps, aggregates.mean_acceptance_length(shown), len(shown), status)
         cur = shown[-1] if shown else None
-        nxt = its[len(shown)] if cur is not None and len(shown) < len(its) else None
-        n_layers = s.trace.model.num_layers if s.trace is not None else None
-        stages = viz.iteration_stages_html(cur, s.live_texts, n_layers, next_iteration=nxt,
-                                           label=f"(of {len(its)} so far)" if s.streaming else f"(of {len(its)})")
+        model, config = self._header(s)
+        selected, draws = self._stage_extras(s, cur, config)
+        stages = viz.iteration_stages_html(cur, s.live_texts, config, model, selected=selected, accept_draws=draws,
+                                           label=f"of {len(its)} so far" if s.streaming else f"of {len(its)}")
         return stream, counters, stages
+
+    def _stage_extras(self, s: Session, cur, config):
+        """The set Select chose in `cur` (the engine's, live; else the next iteration's, except for
+        quest, which chooses while drafting) and the acceptance draws (live runs only)."""
+        if cur is None:
+            return None, None
+        sel = s.live_selected.get(cur.index)
+        if sel is None and getattr(config, "method", "quest") != "quest" and cur.index + 1 < len(s.live_iterations):
+            sel = s.live_iterations[cur.index + 1].selection
+        return sel, s.live_draws.get(cur.index)
+
+    def _header(self, s: Session):
+        """(ModelInfo, RunConfig) of the run on the Generate tab: its trace's, or the live run's."""
+        if s.trace is not None and not s.streaming:
+            return s.trace.model, s.trace.config
+        if s.run_info is None or self.worker is None or self.worker.engine is None:
+            return None, None
+        e = self.worker.engine
+        cfg = e.config
+        spec, sampling = s.run_info
+        return (ModelInfo(name=cfg.name or e.source, arch=cfg.arch, num_layers=cfg.num_layers,
+                          num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                          vocab_size=cfg.vocab_size, dtype=str(e.dtype).replace("torch.", ""), device=str(e.device)),
+                RunConfig(method=spec.method, granularity=spec.granularity, gamma=spec.gamma,
+                          sparsity=spec.sparsity, min_budget=spec.min_budget, sink=spec.sink,
+                          page_size=spec.page_size, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=max(sampling.top_k, 0), min_p=sampling.min_p, seed=sampling.seed,
+                          max_tokens=sampling.max_tokens))
 
     @staticmethod
     def _live_status(s: Session, elapsed: float) -> str:
@@ -207,7 +242,7 @@ class Studio:
                 raise VegasError("this app was started with --no-model: it can only replay uploaded traces")
             check_prompt(prompt)
             sampling, spec = build_params(method, gamma, sparsity, min_budget, granularity, record_recall,
-                                          temperature, top_p, top_k, seed, max_tokens)
+                                          temperature, top_p, top_k, seed, max_tokens, MAX_TOKENS_LIMIT)
             if s.running:
                 raise VegasError("a generation is already running in this tab: press Stop first")
             handle = self.worker.submit(prompt, sampling, spec, chat=bool(chat))
@@ -219,6 +254,7 @@ class Studio:
         with s.lock:
             s.handle, s.paused, s.revealed, s.source, s.streaming = handle, False, 0, "live", True
             s.live_iterations, s.live_output, s.trace = [], [], None
+            s.live_selected, s.live_draws = {}, {}
             s.live_texts = dict(handle.prompt_texts)
             s.run_info = (spec, sampling)
         yield self._render_generate(s, "generating… (prefill)")
@@ -232,7 +268,12 @@ class Studio:
                 ev = handle.get(timeout=0.25)      # keeps polling while paused: no stale-request abort
                 if ev is not None:
                     if ev.iteration is not None:
-                        s.live_iterations.append(Iteration.model_validate(ev.iteration))
+                        it = Iteration.model_validate(ev.iteration)
+                        s.live_iterations.append(it)
+                        if ev.selected is not None:
+                            s.live_selected[it.index] = Selection.model_validate(ev.selected)
+                        if ev.accept_draws is not None:
+                            s.live_draws[it.index] = ev.accept_draws
                     s.live_texts.update(ev.token_texts)
                     s.live_output.extend(ev.new_token_ids)
                     dirty = True
@@ -259,6 +300,9 @@ class Studio:
             req = final.trace.requests[0]
             s.live_output = list(req.output_token_ids)
             s.live_texts.update(final.trace.token_texts)
+            run = s.runlog.add("generate", final.trace, keep=s.selected_run)
+            run.selected_sets, run.draws = s.live_selected, s.live_draws
+            s.selected_run = run.run_id
         if final.error:
             gr.Warning(final.error)
             status = f"⚠ {final.error}"
@@ -298,14 +342,24 @@ class Studio:
             if not want:        # running on: the stream renders
                 return gr.update(value=new_label), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return (gr.update(value=new_label), *self._render_held(s, sent))
+        if not s.live_iterations:
+            return self._nothing_loaded("Pause")
         with s.lock:
             if want and not s.paused:
                 s.paused, s.revealed = True, len(s.live_iterations)
             elif not want:
                 s.paused = False
         kv = self._kv_slider(s) if s.paused else gr.skip()
-        status = (f"paused at iteration {s.revealed} of {len(s.live_iterations)}" if s.paused else "showing the whole run")
+        status = (f"paused at iteration {s.revealed} of {len(s.live_iterations)}: Step shows the next one, Resume "
+                  "shows all" if s.paused else "showing the whole run")
         return (gr.update(value=new_label), *self._render_generate(s, status), kv)
+
+    @staticmethod
+    def _nothing_loaded(button: str):
+        """Pause / Step with no run and no trace: say so in a toast and in the status line."""
+        msg = f"Nothing to {button.lower()}: press Generate, or pick a run or upload a trace first."
+        gr.Warning(msg)
+        return gr.update(value="Pause"), gr.skip(), viz.counters_html(0, None, None, 0, f"⚠ {msg}"), gr.skip(), gr.skip()
 
     def _render_held(self, s: Session, iterations: int):
         """Stream, counters, stages and the KV slider once the stream has taken in the engine's first
@@ -325,8 +379,9 @@ class Studio:
 
     @staticmethod
     def _kv_slider(s: Session):
-        """Point the KV view's iteration slider at the iteration the step-through shows."""
-        return gr.update(value=max(0, s.revealed - 1), maximum=max(1, len(s.live_iterations) - 1))
+        """Point the KV view's iteration slider (numbered from 1, as the step-through) at the iteration
+        the step-through shows."""
+        return gr.update(value=max(1, s.revealed), minimum=1, maximum=max(1, len(s.live_iterations)))
 
     def step(self, request: gr.Request = None):
         """During a run: pause if needed and let the engine run exactly one more iteration (its draft,
@@ -343,10 +398,9 @@ class Studio:
                 gr.Warning("the engine did not answer in time; try again")
                 return gr.update(value="Resume"), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return (gr.update(value="Resume"), *self._render_held(s, before + 1))
+        if not s.live_iterations:
+            return self._nothing_loaded("Step")
         with s.lock:
-            if not s.live_iterations:
-                gr.Warning("Nothing to step through yet: press Generate (or upload a trace) first.")
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             if not s.paused or s.revealed >= len(s.live_iterations):
                 s.paused, s.revealed = True, 0
             s.revealed += 1
@@ -357,96 +411,140 @@ class Studio:
         s = _session(request, self.store)
         return self._render_generate(s, "")
 
-    # -- traces behind the views ---------------------------------------------------------------
+    # -- runs and the traces behind the views --------------------------------------------------
     def current_trace(self, s: Session):
-        if s.trace is not None:
-            return s.trace
-        if not s.live_iterations or self.worker is None or self.worker.engine is None:
-            return None
-        return self._provisional_trace(s)
+        """What every view draws: the run in flight while it streams, else the selected run."""
+        if s.streaming:
+            return self._provisional_trace(s)
+        run = s.runlog.get(s.selected_run)
+        return run.trace if run is not None else s.trace
 
     def _provisional_trace(self, s: Session):
         """A Trace of the run in flight (for the KV view while paused), built from the live records."""
-        e = self.worker.engine
-        cfg = e.config
-        spec, sampling = s.run_info
+        model, config = self._header(s)
+        if model is None or not s.live_iterations or s.handle is None:
+            return None
         try:
-            return Trace(
-                model=ModelInfo(name=cfg.name or e.source, arch=cfg.arch, num_layers=cfg.num_layers,
-                                num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                                vocab_size=cfg.vocab_size, dtype=str(e.dtype).replace("torch.", ""),
-                                device=str(e.device)),
-                config=RunConfig(method=spec.method, granularity=spec.granularity, gamma=spec.gamma,
-                                 sparsity=spec.sparsity, min_budget=spec.min_budget, sink=spec.sink,
-                                 page_size=spec.page_size, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=max(sampling.top_k, 0), min_p=sampling.min_p, seed=sampling.seed,
-                                 max_tokens=sampling.max_tokens),
-                requests=[RequestTrace(request_id=str(s.handle.request_id), prompt_token_ids=s.handle.prompt_ids,
-                                       output_token_ids=list(s.live_output), finish_reason="abort",
-                                       iterations=list(s.live_iterations))],
-                token_texts=dict(s.live_texts))
+            return Trace(model=model, config=config, token_texts=dict(s.live_texts), requests=[RequestTrace(
+                request_id=str(s.handle.request_id), prompt_token_ids=s.handle.prompt_ids,
+                prompt_text=s.handle.prompt_text, output_token_ids=list(s.live_output), finish_reason="abort",
+                iterations=list(s.live_iterations))])
         except Exception:
             return None
 
-    def _runs(self, s: Session, trace) -> dict:
-        runs = {}
-        if trace is not None:
-            runs[f"{trace.config.method} (this run)"] = trace
-        for method, t in s.runs.items():
-            runs[f"{method} (compare)"] = t
-        return runs
+    def _tags(self, s: Session, trace) -> tuple[str, str]:
+        """(settings, provenance) of one trace's figures."""
+        run = None if s.streaming else s.runlog.get(s.selected_run)
+        prov = run.provenance if run is not None and run.trace is trace else live_provenance(trace)
+        return settings_line(trace), prov
+
+    def _figure_runs(self, s: Session) -> tuple[dict, str | None, str | None]:
+        """(legend -> trace, settings, provenance) of the runs plotted together: the selected run and
+        the runs on exactly its prompt, so no plot mixes prompts."""
+        if s.streaming:
+            trace = self._provisional_trace(s)
+            return ({f"{trace.config.method} (running)": trace}, *self._tags(s, trace)) if trace else ({}, None, None)
+        run = s.runlog.get(s.selected_run)
+        if run is None:
+            return {}, None, None
+        runs = s.runlog.same_prompt(run)
+        settings = settings_line(run.trace, method=len(runs) == 1)
+        return {r.legend: r.trace for r in runs}, settings, "; ".join(dict.fromkeys(r.provenance for r in runs))
+
+    def select_run(self, run_id, request: gr.Request = None):
+        """The run selector: show that run on the Generate tab (stream, counters, step-through); the other
+        tabs follow through `refresh_views`. Not while a run streams (its view stays)."""
+        s = _session(request, self.store)
+        run = s.runlog.get(run_id)
+        if run is None or s.streaming:
+            if s.streaming:
+                gr.Info("A run is streaming: the Generate tab keeps showing it; pick the run again when it ends.")
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        req = run.trace.requests[0]
+        with s.lock:
+            s.trace, s.selected_run, s.paused, s.revealed = run.trace, run.run_id, False, 0
+            s.live_iterations, s.live_output = list(req.iterations), list(req.output_token_ids)
+            s.live_texts = dict(run.trace.token_texts)
+            s.live_selected, s.live_draws = run.selected_sets, run.draws
+        return (gr.update(value="Pause"), *self._render_generate(
+            s, f"showing run #{run.run_id} ({run.provenance})", final_result=_ReplayResult(req.decode_tokens_per_s)))
 
     # -- KV selection and the other views ------------------------------------------------------
     def render_kv(self, request_id, iteration, zoom_start, zoom_width, request: gr.Request = None):
+        """The KV tab for one request and iteration (numbered from 1, as the step-through)."""
         s = _session(request, self.store)
         trace = self.current_trace(s)
         if trace is None:
             overview, zoom = viz.selection_heatmaps(_EmptyTrace())
             return overview, zoom, viz.prompt_selection_html(_EmptyTrace()), viz.recall_figure(_EmptyTrace())
         r = _request_index(trace, request_id)
-        it = int(iteration or 0)
+        it = max(1, int(iteration or 1)) - 1
         overview, zoom = viz.selection_heatmaps(trace, r, it, window_start=int(zoom_start or 0),
-                                                window=int(zoom_width or 128))
-        return overview, zoom, viz.prompt_selection_html(trace, r, it), viz.recall_figure(trace, r, it)
+                                                window=max(1, int(zoom_width or 128)))
+        recall = viz.recall_figure(trace, r, it)
+        tags = self._tags(s, trace)
+        for fig in (overview, zoom, recall):
+            if not (fig.layout.meta or {}).get("empty"):
+                stamp(fig, *tags)
+        return overview, zoom, viz.prompt_selection_html(trace, r, it), recall
 
-    def refresh_views(self, request: gr.Request = None):
-        """Every view after a run, a compare or a replay: KV controls (ranges set to the trace), the KV
-        figures, acceptance figures and the iteration breakdown."""
+    def refresh_views(self, request_id=None, iteration=None, zoom_start=None, zoom_width=None,
+                      request: gr.Request = None):
+        """Every view after a run, a compare, a replay or a pick in the run selector: the selector, the
+        KV controls (reset to the run's last selecting iteration and its latest positions when the run
+        changed, else kept and clamped to it), the KV figures, acceptance figures and breakdown."""
         s = _session(request, self.store)
         trace = self.current_trace(s)
-        runs = self._runs(s, trace)
+        run_u = gr.update(choices=s.runlog.choices(), value=s.selected_run)
+        width = max(1, int(zoom_width or 128))
         if trace is not None and trace.requests:
             ids = [r.request_id for r in trace.requests]
-            req = trace.requests[0]
+            key = "live" if s.streaming else s.selected_run
+            fresh = key != s.kv_run
+            s.kv_run = key
+            rid = ids[0] if fresh or request_id not in ids else request_id
+            req = trace.requests[ids.index(rid)]
             n_it = max(1, len(req.iterations))
-            # Paused: the iteration on screen. Finished: the last one that selected, since a run's
-            # final iteration drafts nothing when a single token is left to emit.
-            cur = (s.revealed - 1) if s.paused and s.revealed else _last_selecting(req.iterations, n_it - 1)
-            length = max((it.position for it in req.iterations), default=1)
-            start = max(0, length - 128)
-            req_u = gr.update(choices=ids, value=ids[0])
-            it_u = gr.update(maximum=n_it - 1, value=max(0, cur))
-            zs_u = gr.update(maximum=max(1, length - 1), value=start)
-            kv = self.render_kv(ids[0], max(0, cur), start, 128, request)
+            if fresh:
+                # Paused: the iteration on screen. Finished: the last one that selected, since a run's
+                # final iteration drafts nothing when a single token is left to emit.
+                cur = s.revealed if s.paused and s.revealed else _last_selecting(req.iterations, n_it - 1) + 1
+            else:
+                cur = int(iteration or 1)
+            cur = min(max(1, cur), n_it)
+            length = req.iterations[cur - 1].position if req.iterations else 1
+            start = max(0, length - width) if fresh else min(max(0, int(zoom_start or 0)), max(0, length - width))
+            req_u = gr.update(choices=ids, value=rid)
+            it_u = gr.update(minimum=1, maximum=n_it, value=cur)
+            zs_u = gr.update(maximum=max(1, length - width), value=start)
+            kv = self.render_kv(rid, cur, start, width, request)
         else:
             req_u, it_u, zs_u = gr.update(), gr.update(), gr.update()
-            kv = self.render_kv(None, 0, 0, 128, request)
-        return (req_u, it_u, zs_u, *kv, viz.per_position_acceptance_figure(runs), viz.accepted_length_histogram(runs),
-                viz.running_mean_figure(runs), viz.breakdown_figure(runs))
+            kv = self.render_kv(None, 1, 0, width, request)
+        return (run_u, req_u, it_u, zs_u, *kv, *self._run_figures(s))
+
+    def _run_figures(self, s: Session) -> list:
+        """Per-position acceptance, accepted-length histogram, running mean and breakdown, stamped."""
+        runs, settings, prov = self._figure_runs(s)
+        figs = [viz.per_position_acceptance_figure(runs), viz.accepted_length_histogram(runs),
+                viz.running_mean_figure(runs), viz.breakdown_figure(runs)]
+        for fig in figs:
+            if not (fig.layout.meta or {}).get("empty"):
+                stamp(fig, settings, prov)
+        return figs
 
     def overhead(self):
+        """The two file-based plots (committed benchmark results, each named on its figure) and a note
+        that says which numbers there are measured by this app and which are read from files."""
         latest = viz.pick_kernel_results(viz.load_kernel_results(self.results_dir))
-        if latest is None:
-            note = ("**No kernel benchmark results committed yet** (`bench/results/kernels-*.json`). "
-                    "The iteration breakdown below is measured live by this app's engine.")
-        else:
-            note = f"Kernel overhead {latest.label}. The iteration breakdown below is measured live by this app's engine."
         engine = None if self.worker is None else self.worker.engine
-        device = "" if engine is None else f" Engine device: {engine.device}."
         e2e = viz.pick_results(viz.load_e2e_results(self.results_dir), None if engine is None else engine.device.type)
-        if e2e is not None:
-            note += f" End-to-end throughput {e2e.label}."
-        return viz.overhead_figure(latest), note + device, viz.throughput_figure(e2e)
+        files = [r.provenance for r in (latest, e2e) if r is not None]
+        note = ("**Read from committed benchmark files, not measured by this app:** the collection-overhead and "
+                "throughput plots (" + ("; ".join(files) if files else "no files in bench/results yet") + "). "
+                "**Measured live:** the iteration breakdown below, by this app's engine"
+                + (f" on {engine.device}." if engine is not None else "."))
+        return viz.overhead_figure(latest), note, viz.throughput_figure(e2e)
 
     # -- compare -------------------------------------------------------------------------------
     def compare(self, prompt, chat, methods, gamma, sparsity, min_budget, granularity, temperature, max_tokens,
@@ -462,7 +560,7 @@ class Studio:
             if len(methods) < 2:
                 raise VegasError("pick at least one method besides vanilla to compare")
             params = {m: build_params(m, gamma, sparsity, min_budget, granularity, False, temperature, 1.0, -1, 0,
-                                      max_tokens) for m in methods}
+                                      max_tokens, COMPARE_TOKENS_LIMIT) for m in methods}
             if s.running:
                 raise VegasError("a generation is already running in this tab: press Stop first")
         except VegasError as e:
@@ -470,14 +568,16 @@ class Studio:
             yield gr.skip(), f"⚠ {e}"
             return
         s.runs, s.cancel_compare = {}, False
+        group = s.runlog.new_group()
+        table = lambda: viz.compare_table_html(s.runs, expected=methods)  # noqa: E731
         for i, m in enumerate(methods):
             sampling, spec = params[m]
-            yield viz.compare_table_html(s.runs), f"running {m} ({i + 1} of {len(methods)})…"
+            yield table(), f"running {m} ({i + 1} of {len(methods)})…"
             try:
                 h = self.worker.submit(prompt, sampling, spec, chat=bool(chat))
             except (VegasError, TimeoutError) as e:
                 gr.Warning(str(e))
-                yield viz.compare_table_html(s.runs), f"⚠ {m}: {e}"
+                yield table(), f"⚠ {m}: {e}"
                 return
             s.handle = h
             final = None
@@ -490,57 +590,76 @@ class Studio:
                 if not h.done:
                     h.abort()
             if final.error or final.trace is None:
-                yield viz.compare_table_html(s.runs), f"⚠ {m}: {final.error or 'no trace'}"
+                yield table(), f"⚠ {m}: {final.error or 'no trace'}"
                 return
             if final.finish_reason == "abort" or s.cancel_compare:
-                yield viz.compare_table_html(s.runs), f"stopped during {m}"
+                yield table(), f"stopped during {m}: no verdict (it needs every method)"
                 return
             s.runs[m] = final.trace
-        check = viz.lossless_check(s.runs)
-        verdict = {True: "lossless check passed", False: "lossless check FAILED", None: "lossless check n/a"}[check["passed"]]
-        yield viz.compare_table_html(s.runs), f"done: {len(methods)} methods, {verdict}"
+            run = s.runlog.add("compare", final.trace, group=group, keep=s.selected_run)
+            if s.selected_run is None or s.runlog.get(s.selected_run) is None:
+                s.selected_run = run.run_id    # nothing was shown yet: show the compare
+        verdict = {"pass": "lossless check passed", "fail": "lossless check FAILED",
+                   "n/a": "identical output not expected at temperature > 0 (see below)"}
+        state = "pass" if viz.lossless_check(s.runs)["passed"] else "fail"
+        if any(t.config.temperature > 0 for t in s.runs.values()):
+            state = "n/a"
+        yield table(), f"done: compare {group}, {len(methods)} methods, {verdict[state]}"
 
     # -- export / replay -----------------------------------------------------------------------
+    def _export_runs(self, s: Session) -> list:
+        """The selected run and the runs on its prompt (what the figures draw)."""
+        run = s.runlog.get(s.selected_run)
+        return s.runlog.same_prompt(run) if run is not None else []
+
     def export(self, request: gr.Request = None):
         s = _session(request, self.store)
-        trace = s.trace
-        if trace is None and not s.runs:
+        runs = self._export_runs(s)
+        if not runs:
             gr.Warning("Nothing to export yet: generate, compare or upload a trace first.")
-            return None, "Nothing to export yet."
+            return None, "⚠ Nothing to export yet: generate, compare or upload a trace first."
         out = self.export_root / uuid.uuid4().hex
         out.mkdir(parents=True)
-        files = []
-        for label, t in ([("run", trace)] if trace is not None else []) + [(f"compare-{m}", t) for m, t in s.runs.items()]:
-            stem = f"vegas-{label}-{t.config.method}" if label == "run" else f"vegas-{label}"
-            save_trace(t, out / f"{stem}.trace.json")
-            write_chrome_trace(t, out / f"{stem}.perfetto.json")
-            write_csv(t, out / f"{stem}.iterations.csv")
-            files += [out / f"{stem}.trace.json", out / f"{stem}.perfetto.json", out / f"{stem}.iterations.csv"]
-            try:
-                write_parquet(t, out / f"{stem}.iterations.parquet")
-                files.append(out / f"{stem}.iterations.parquet")
-            except ImportError:
-                pass
-        note = (f"{len(files)} files: trace JSON (re-import it below), Perfetto / Chrome trace JSON "
-                "(open at ui.perfetto.dev or chrome://tracing), per-iteration tables as CSV and Parquet.")
+        files = write_run_files(runs, out)
+        note = (f"{len(files)} files for run #{runs[0].run_id} and the {len(runs) - 1} other run(s) on its prompt: "
+                "trace JSON (re-import it below), Perfetto / Chrome trace JSON (open at ui.perfetto.dev or "
+                "chrome://tracing), per-iteration tables as CSV and Parquet.")
         return [str(f) for f in files], note
+
+    def _all_figures(self, s: Session, kv_args, request) -> dict:
+        overview, zoom, _, recall = self.render_kv(*kv_args, request)
+        acc_pos, acc_hist, acc_run, breakdown = self._run_figures(s)
+        overhead, _, throughput = self.overhead()
+        return {"kv-selection-overview": overview, "kv-selection-zoom": zoom, "recall-per-layer": recall,
+                "per-position-acceptance": acc_pos, "accepted-length-histogram": acc_hist,
+                "running-mean-acceptance": acc_run, "iteration-breakdown": breakdown,
+                "collection-overhead": overhead, "end-to-end-throughput": throughput}
 
     def export_figures(self, request_id, iteration, zoom_start, zoom_width, request: gr.Request = None):
         s = _session(request, self.store)
-        trace = self.current_trace(s)
-        if trace is None:
+        if self.current_trace(s) is None:
             gr.Warning("Nothing to draw yet: generate, compare or upload a trace first.")
-            return None, "Nothing to export yet."
-        overview, zoom, _, recall = self.render_kv(request_id, iteration, zoom_start, zoom_width, request)
-        runs = self._runs(s, trace)
-        figs = {"kv-selection-overview": overview, "kv-selection-zoom": zoom, "recall-per-layer": recall,
-                "per-position-acceptance": viz.per_position_acceptance_figure(runs),
-                "accepted-length-histogram": viz.accepted_length_histogram(runs),
-                "running-mean-acceptance": viz.running_mean_figure(runs),
-                "iteration-breakdown": viz.breakdown_figure(runs), "collection-overhead": self.overhead()[0]}
-        out = self.export_root / uuid.uuid4().hex
-        files, note = write_figures(figs, out)
+            return None, "⚠ Nothing to export yet: generate, compare or upload a trace first."
+        figs = self._all_figures(s, (request_id, iteration, zoom_start, zoom_width), request)
+        files, note = write_figures(figs, self.export_root / uuid.uuid4().hex)
         return files, f"Exported {len(figs)} {note}."
+
+    def download_all(self, request_id, iteration, zoom_start, zoom_width, request: gr.Request = None):
+        """One zip: the selected run's (and its prompt's other runs') traces, timelines, tables, every
+        figure as PNG (3×) and SVG, and the compare table."""
+        s = _session(request, self.store)
+        runs = self._export_runs(s)
+        if not runs or s.streaming:
+            msg = "a run is still streaming: download when it ends" if runs else \
+                "nothing to download yet: generate, compare or upload a trace first"
+            gr.Warning(msg[0].upper() + msg[1:] + ".")
+            return None, f"⚠ {msg}."
+        figs = self._all_figures(s, (request_id, iteration, zoom_start, zoom_width), request)
+        group = {r.method: r.trace for r in runs if r.kind == "compare" and r.group == runs[0].group} \
+            if runs[0].kind == "compare" else {}
+        compare = viz.compare_table_html(group) if group else None
+        path, note = write_bundle(runs, figs, compare, self.export_root / uuid.uuid4().hex)
+        return [str(path)], f"One zip: {len(runs)} run(s) with traces and tables, {len(figs)} {note}."
 
     def replay(self, path, request: gr.Request = None):
         s = _session(request, self.store)
@@ -550,6 +669,9 @@ class Studio:
             if os.path.getsize(path) > self.max_upload_bytes:
                 raise TraceError(f"the file is {os.path.getsize(path):,} bytes, over the "
                                  f"{self.max_upload_bytes:,}-byte limit for uploads")
+            why = wrong_file(path)
+            if why:
+                raise TraceError(why)
             trace = load_trace(path, max_bytes=self.max_upload_bytes)
             if not trace.requests:
                 raise TraceError("the trace holds no requests")
@@ -559,16 +681,19 @@ class Studio:
             return f"⚠ {msg}", gr.skip(), gr.skip(), gr.skip(), None    # clear the box for the next try
         if s.running:
             s.stop()
+        name = os.path.basename(path)
+        run = s.runlog.add("replay", trace, source=name, keep=s.selected_run)
         with s.lock:
             req = trace.requests[0]
             s.trace, s.runs, s.source, s.paused, s.revealed = trace, {}, "replay", False, 0
-            s.handle, s.streaming = None, False
+            s.handle, s.streaming, s.selected_run = None, False, run.run_id
             s.live_iterations = list(req.iterations)
             s.live_texts = dict(trace.token_texts)
             s.live_output = list(req.output_token_ids)
+            s.live_selected, s.live_draws = {}, {}
         self.store.charge_upload(s, UPLOAD_MEMORY_FACTOR * os.path.getsize(path))
         n_it = sum(len(r.iterations) for r in trace.requests)
-        status = (f"Replaying {os.path.basename(path)}: {trace.model.name} on {trace.model.device}, method "
+        status = (f"Replaying {name} (run #{run.run_id}): {trace.model.name} on {trace.model.device}, method "
                   f"{trace.config.method}, {len(trace.requests)} request(s), {n_it} iterations, recorded {trace.created}.")
         stream, counters, stages = self._render_generate(
             s, "replay", final_result=_ReplayResult(req.decode_tokens_per_s))

@@ -13,7 +13,7 @@ import gradio as gr
 from vegas_core.spec import GRANULARITIES, METHODS
 from vegas_studio_app.api import make_api
 from vegas_studio_app.models import model_choices, picker_value, wants_chat
-from vegas_studio_app.studio import MAX_UPLOAD_BYTES, Studio
+from vegas_studio_app.studio import COMPARE_TOKENS_LIMIT, MAX_TOKENS_LIMIT, MAX_UPLOAD_BYTES, Studio
 from vegas_studio_app.worker import EngineWorker
 from visualizations.tokens import STREAM_CSS
 
@@ -25,9 +25,14 @@ CSS = STREAM_CSS + """
 #token-stream { min-height: 120px; }
 #token-stream.show-rejected .vs-rejected { display: inline; }
 .vs-compare table { border-collapse: collapse; font-size: 13px; }
+.vs-stages table { border-collapse: collapse; font-size: 12px; margin: 4px 0; }
+.vs-stages td, .vs-stages th { padding: 1px 6px; border-bottom: 1px solid #e9ecef; white-space: nowrap; }
 .vs-compare td, .vs-compare th { border: 1px solid #dee2e6; padding: 3px 6px; vertical-align: top; }
 """
 RESET_PAUSE_JS = "() => 'Pause'"
+# Plotly sizes a plot drawn in a hidden tab at its default 700 px; Gradio makes plots responsive, so a
+# resize event once the tab is shown lets each take its panel's width.
+RESIZE_PLOTS_JS = "() => { setTimeout(() => window.dispatchEvent(new Event('resize')), 60); }"
 TOGGLE_REJECTED_JS = """(show) => { const el = document.querySelector('#token-stream');
   if (el) { el.classList.toggle('show-rejected', show); } return show; }"""
 
@@ -36,15 +41,19 @@ def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> 
     eng = dict(concurrency_id=ENGINE, concurrency_limit=concurrency)
     with gr.Blocks(title="Vegas Studio") as demo:
         gr.Markdown("# Vegas Studio\nSelf-speculative decoding with verification-guided sparse attention, "
-                    "running on a real model. Every number is measured by the engine below.")
+                    "running on a real model. Numbers from your runs are measured live by the engine below; the "
+                    "Overhead tab's kernel and throughput plots are read from committed benchmark files. Every "
+                    "figure says which, under its title.")
         with gr.Row():
             status = gr.Markdown(elem_id="engine-status")
             model_picker = gr.Dropdown(model_choices(model), value=picker_value(model), elem_id="model",
                                        label="Model (switching reloads the engine every user shares)",
                                        interactive=studio.worker is not None)
         timer = gr.Timer(1.0)
+        run_select = gr.Dropdown([], label="Run shown in every tab (Generate runs, compare runs, replayed traces; "
+                                 "plots add only runs on the same prompt)", elem_id="run-select", interactive=True)
 
-        with gr.Tab("Generate", id="generate"):
+        with gr.Tab("Generate", id="generate") as tab_generate:
             with gr.Row():
                 with gr.Column(scale=3):
                     prompt = gr.Textbox(label="Prompt", lines=4, elem_id="prompt",
@@ -77,105 +86,120 @@ def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> 
                         with gr.Row():
                             top_k = gr.Number(value=0, precision=0, minimum=0, label="top-k (0 = off)")
                             seed = gr.Number(value=None, precision=0, label="seed (blank = random)")
-                    max_tokens = gr.Slider(1, 1024, value=64, step=1, label="max tokens", elem_id="max-tokens")
+                    max_tokens = gr.Number(value=64, precision=0, label=f"max tokens (1–{MAX_TOKENS_LIMIT})",
+                                           elem_id="max-tokens")
             counters = gr.HTML(elem_id="counters")
             stream = gr.HTML(elem_id="token-stream")
             gr.Markdown("**Step-through** — Pause holds the request in the engine (its KV pages kept, other users' "
                         "requests go on); Step then runs exactly one more iteration and shows its draft, verify, "
                         "accept and select stages; Resume lets it run on. After a run (or for an uploaded trace), "
-                        "Step walks through the recorded iterations from the first one.")
+                        "Step walks through the recorded iterations from the first one. Iterations are numbered "
+                        "from 1 everywhere. *Accepted* counts drafts the verifier accepted (the drafter's number, "
+                        "as vLLM counts it); *emitted* counts tokens you got.")
             stages = gr.HTML(elem_id="stages")
 
-        with gr.Tab("KV selection", id="kv"):
+        with gr.Tab("KV selection", id="kv") as tab_kv:
             with gr.Row():
                 kv_request = gr.Dropdown([], label="request", elem_id="kv-request", allow_custom_value=True)
-                kv_iter = gr.Slider(0, 1, value=0, step=1, label="iteration", elem_id="kv-iteration")
+                kv_iter = gr.Slider(1, 2, value=1, step=1, label="iteration (from 1)", elem_id="kv-iteration")
                 kv_start = gr.Slider(0, 1, value=0, step=1, label="zoom window start", elem_id="kv-start")
-                kv_width = gr.Slider(16, 512, value=128, step=16, label="zoom window width")
+                kv_width = gr.Slider(16, 512, value=128, step=16, label="zoom window width", elem_id="kv-width")
             kv_overview = gr.Plot(label="Selection overview (whole context, binned)", elem_id="kv-overview")
             kv_zoom = gr.Plot(label="Selection zoom (full resolution)", elem_id="kv-zoom")
             gr.Markdown("**Context coloured by how many layers selected each token**")
             kv_prompt = gr.HTML(elem_id="kv-prompt")
             kv_recall = gr.Plot(label="Attention recall per layer", elem_id="kv-recall")
 
-        with gr.Tab("Acceptance", id="acceptance"):
+        with gr.Tab("Acceptance", id="acceptance") as tab_acc:
             acc_pos = gr.Plot(label="Per-position acceptance", elem_id="acc-position")
             with gr.Row():
                 acc_hist = gr.Plot(label="Accepted drafts per iteration", elem_id="acc-hist")
                 acc_run = gr.Plot(label="Running mean acceptance length", elem_id="acc-running")
 
-        with gr.Tab("Overhead", id="overhead"):
+        with gr.Tab("Overhead", id="overhead") as tab_overhead:
             overhead_note = gr.Markdown(elem_id="overhead-note")
             overhead_plot = gr.Plot(label="Logit-collection overhead", elem_id="overhead-plot")
             throughput_plot = gr.Plot(label="End-to-end throughput per method", elem_id="throughput-plot")
             breakdown_plot = gr.Plot(label="Iteration breakdown per method", elem_id="breakdown-plot")
 
-        with gr.Tab("Compare", id="compare"):
+        with gr.Tab("Compare", id="compare") as tab_compare:
             gr.Markdown("Runs the Generate tab's prompt (and gamma, sparsity, budget) through vanilla and each "
-                        "chosen method, one after another. At temperature 0 the outputs must be identical.")
+                        "chosen method, one after another. At temperature 0 the outputs must be identical; at "
+                        "temperature > 0 they must have the same distribution, which one run cannot show.")
             with gr.Row():
                 cmp_methods = gr.CheckboxGroup([m for m in METHODS if m != "vanilla"],
                                                value=[m for m in METHODS if m != "vanilla"],
                                                label="methods (vanilla always runs)", elem_id="cmp-methods")
-                cmp_temp = gr.Slider(0, 2, value=0, step=0.05, label="temperature")
-                cmp_tokens = gr.Slider(1, 512, value=32, step=1, label="max tokens", elem_id="cmp-max-tokens")
+                cmp_temp = gr.Slider(0, 2, value=0, step=0.05, label="temperature", elem_id="cmp-temperature")
+                cmp_tokens = gr.Number(value=32, precision=0, label=f"max tokens (1–{COMPARE_TOKENS_LIMIT})",
+                                       elem_id="cmp-max-tokens")
             with gr.Row():
                 cmp_btn = gr.Button("Run compare", variant="primary", elem_id="compare-btn")
                 cmp_stop = gr.Button("Stop", variant="stop", elem_id="compare-stop")
             cmp_status = gr.Markdown(elem_id="compare-status")
             cmp_table = gr.HTML(elem_id="compare-table")
 
-        with gr.Tab("Export / Replay", id="export"):
+        with gr.Tab("Export / Replay", id="export") as tab_export:
             with gr.Row():
                 export_btn = gr.Button("Export trace, timeline and tables", elem_id="export-btn")
-                figures_btn = gr.Button("Export figures", elem_id="figures-btn")
+                figures_btn = gr.Button("Export figures (PNG 3×, SVG)", elem_id="figures-btn")
+                zip_btn = gr.Button("Download all (zip)", variant="primary", elem_id="zip-btn")
             export_note = gr.Markdown(elem_id="export-note")
             export_files = gr.File(label="Downloads", file_count="multiple", interactive=False, elem_id="export-files")
             gr.Markdown(f"**Replay** — upload a trace JSON (≤ {MAX_UPLOAD_BYTES // (1024 * 1024)} MB), e.g. one "
                         "recorded on a GPU machine; every view then shows it, no model needed.")
-            upload = gr.File(label="Upload a trace", file_types=[".json"], type="filepath", elem_id="upload")
+            # No file_types filter: the browser would drop another file silently; the app says what it is.
+            upload = gr.File(label="Upload a trace (.trace.json)", type="filepath", elem_id="upload")
             replay_status = gr.Markdown(elem_id="replay-status")
 
+        tabs = (tab_generate, tab_kv, tab_acc, tab_overhead, tab_compare, tab_export)
         # -- wiring ------------------------------------------------------------------------------
-        views = [kv_request, kv_iter, kv_start, kv_overview, kv_zoom, kv_prompt, kv_recall,
-                 acc_pos, acc_hist, acc_run, breakdown_plot]
-        gen_outputs = [stream, counters, stages]
         kv_inputs = [kv_request, kv_iter, kv_start, kv_width]
         kv_outputs = [kv_overview, kv_zoom, kv_prompt, kv_recall]
+        views = [run_select, kv_request, kv_iter, kv_start, *kv_outputs, acc_pos, acc_hist, acc_run, breakdown_plot]
+        gen_outputs = [stream, counters, stages]
+        refresh = dict(fn=studio.refresh_views, inputs=kv_inputs, outputs=views, api_visibility="private")
+        # Pause / Step / Stop run queued (their toasts need the queue) but never wait for the engine's slots.
+        control = dict(api_visibility="private", concurrency_limit=None)
 
         demo.load(studio.status, outputs=[status, timer], queue=False)
         demo.load(studio.overhead, outputs=[overhead_plot, overhead_note, throughput_plot], queue=False)
         timer.tick(studio.status, outputs=[status, timer], queue=False)
+        for tab in tabs:
+            tab.select(None, js=RESIZE_PLOTS_JS)
 
         gen_inputs = [prompt, chat, method, gamma, sparsity, min_budget, granularity, record_recall,
                       temperature, top_p, top_k, seed, max_tokens]
         gen = generate_btn.click(studio.generate, gen_inputs, gen_outputs, api_name="generate", **eng)
-        prompt.submit(studio.generate, gen_inputs, gen_outputs, api_visibility="private", **eng) \
-            .then(studio.refresh_views, outputs=views, api_visibility="private")
-        gen.then(studio.refresh_views, outputs=views, api_visibility="private")
-        stop_btn.click(studio.stop, queue=False, api_name="stop")
-        pause_btn.click(studio.pause, pause_btn, [pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        prompt.submit(studio.generate, gen_inputs, gen_outputs, api_visibility="private", **eng).then(**refresh)
+        gen.then(**refresh)
+        stop_btn.click(studio.stop, api_name="stop", concurrency_limit=None)
+        pause_btn.click(studio.pause, pause_btn, [pause_btn, *gen_outputs, kv_iter], **control)
         for starts in (generate_btn.click, prompt.submit, upload.upload):   # a new run starts unpaused
             starts(None, None, pause_btn, js=RESET_PAUSE_JS)
-        step_btn.click(studio.step, outputs=[pause_btn, *gen_outputs, kv_iter], queue=False, api_visibility="private")
+        step_btn.click(studio.step, outputs=[pause_btn, *gen_outputs, kv_iter], **control)
         show_rejected.change(None, show_rejected, None, js=TOGGLE_REJECTED_JS)
         model_picker.input(studio.switch_model, model_picker, [status, timer, chat], queue=False,
                            api_name="switch_model")
+        run_select.input(studio.select_run, run_select, [pause_btn, *gen_outputs], api_visibility="private") \
+            .then(**refresh)
 
-        for ctl in (kv_request, kv_iter, kv_start):
-            ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last")
-        kv_width.release(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private")
+        # preprocess=False: while refresh_views moves a slider's range and value together, a change event can
+        # see the old value against the new maximum, which Gradio would refuse; render_kv clamps anyway.
+        for ctl in (kv_request, kv_iter, kv_start, kv_width):
+            ctl.change(studio.render_kv, kv_inputs, kv_outputs, api_visibility="private", trigger_mode="always_last",
+                       preprocess=False)
 
         cmp_inputs = [prompt, chat, cmp_methods, gamma, sparsity, min_budget, granularity, cmp_temp, cmp_tokens]
-        cmp_btn.click(studio.compare, cmp_inputs, [cmp_table, cmp_status], api_name="compare", **eng) \
-            .then(studio.refresh_views, outputs=views, api_visibility="private")
-        cmp_stop.click(studio.stop, queue=False, api_visibility="private")
+        cmp_btn.click(studio.compare, cmp_inputs, [cmp_table, cmp_status], api_name="compare", **eng).then(**refresh)
+        cmp_stop.click(studio.stop, api_visibility="private", concurrency_limit=None)
 
         export_btn.click(studio.export, outputs=[export_files, export_note], api_visibility="private")
-        figures_btn.click(studio.export_figures, kv_inputs, [export_files, export_note], api_visibility="private",
-                          concurrency_id="figures", concurrency_limit=1)
+        for btn, fn in ((figures_btn, studio.export_figures), (zip_btn, studio.download_all)):
+            btn.click(fn, kv_inputs, [export_files, export_note], api_visibility="private",
+                      concurrency_id="figures", concurrency_limit=1)
         upload.upload(studio.replay, upload, [replay_status, *gen_outputs, upload], api_visibility="private") \
-            .then(studio.refresh_views, outputs=views, api_visibility="private")
+            .then(**refresh)
 
         stream_tokens, pool = make_api(studio)
         gr.api(stream_tokens, api_name="stream_tokens", **eng)

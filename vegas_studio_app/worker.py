@@ -53,6 +53,8 @@ class LiveEvent:
     trace: object | None = None            # Trace, on the final event
     error: str | None = None
     t: float = 0.0                         # wall clock when the engine thread emitted it
+    selected: dict | None = None           # the set this iteration chose for the next drafts (Select)
+    accept_draws: list[float] | None = None   # the acceptance test's uniforms (sampled runs)
 
 
 @dataclass(eq=False)
@@ -307,7 +309,8 @@ class EngineWorker:
                 ids.update(ev.iteration["emitted"])   # a stop can cut emitted tokens from the output
                 h.iterations_sent += 1
             h.events.put(LiveEvent(list(ev.new_token_ids), ev.text_delta, list(ev.rejected_ids), ev.iteration,
-                                   {t: self._text(t) for t in ids}, t=time.time()))
+                                   {t: self._text(t) for t in ids}, selected=ev.selected,
+                                   accept_draws=ev.accept_draws, t=time.time()))
             if ev.finished:
                 self._finish(ev.request_id, ev.finish_reason)
         return bool(events)

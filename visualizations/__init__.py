@@ -6,7 +6,9 @@ and `throughput.load_e2e_results`
 takes plain trace data (`vegas_core.trace` models or objects shaped like them) and returns a new
 `plotly.graph_objects.Figure` or an HTML string, so the app, the tests and a notebook share them.
 
-    tokens.py      token stream coloured by fate, step-through stage cards, live counters
+    tokens.py      token stream coloured by fate, live counters
+    stages.py      step-through cards: draft, verify, accept (with the rule), select (with a layer strip)
+    strip.py       a compact per-layer strip of one KV selection
     selection.py   KV selection heatmap (overview + zoom), prompt coloured by selection, recall per layer
     acceptance.py  per-position acceptance, accepted-length histogram, running mean acceptance length
     breakdown.py   draft / select / verify time per engine step, per method
@@ -21,13 +23,15 @@ from .compare import compare_rows, compare_table_html, first_divergence, lossles
 from .overhead import KernelResults, load_kernel_results, overhead_figure, pick_kernel_results
 from .selection import prompt_selection_html, recall_figure, selection_heatmaps, selection_matrix
 from .throughput import E2EResults, load_e2e_results, pick_results, throughput_figure
-from .tokens import counters_html, iteration_stages_html, stream_pieces, token_stream_html
+from .stages import iteration_stages_html
+from .strip import selection_strip_html
+from .tokens import counters_html, stream_pieces, token_stream_html
 
 __all__ = [
     "E2EResults", "KernelResults", "accepted_length_histogram", "load_e2e_results", "pick_results",
     "throughput_figure", "breakdown_figure", "compare_rows", "compare_table_html",
     "counters_html", "first_divergence", "iteration_stages_html", "load_kernel_results", "lossless_check",
     "overhead_figure", "pick_kernel_results", "per_position_acceptance_figure", "prompt_selection_html",
-    "recall_figure", "running_mean_figure", "selection_heatmaps", "selection_matrix", "step_breakdown", "stream_pieces",
+    "recall_figure", "running_mean_figure", "selection_heatmaps", "selection_strip_html", "selection_matrix", "step_breakdown", "stream_pieces",
     "token_stream_html",
 ]

@@ -6,6 +6,7 @@ import html
 import json
 import os
 import re
+import textwrap
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -66,7 +67,9 @@ def context_ids(request) -> list[int]:
 def message_figure(message: str, title: str | None = None, height: int = 260) -> go.Figure:
     """An empty figure carrying a sentence that says why there is nothing to plot."""
     fig = go.Figure()
-    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+    # Plotly does not wrap: short lines, so a 1280 px window does not clip the sentence.
+    text = "<br>".join(textwrap.wrap(message, 70)) or message
+    fig.add_annotation(text=text, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font=dict(size=14))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)

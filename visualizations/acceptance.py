@@ -40,9 +40,9 @@ def per_position_acceptance_figure(runs: Mapping[str, object]) -> go.Figure:
                                  hovertemplate=f"{label}<br>draft %{{x}}: %{{y:.2f}}<extra></extra>"))
     if not fig.data:
         return message_figure(NO_SPEC, "Per-position acceptance")
-    fig.update_layout(title="Per-position acceptance rate", xaxis=dict(title="draft position", dtick=1),
-                      yaxis=dict(title="accepted share", range=[0, 1.05]), height=320,
-                      margin=dict(l=60, r=20, t=50, b=50))
+    fig.update_layout(title="Per-position acceptance rate (accepted: the drafter's count)",
+                      xaxis=dict(title="draft position", dtick=1),
+                      yaxis=dict(title="accepted share", range=[0, 1.05]), height=380)
     return fig
 
 
@@ -61,9 +61,9 @@ def accepted_length_histogram(runs: Mapping[str, object]) -> go.Figure:
                                            "(%{y:.0%})<extra></extra>"))
     if not fig.data:
         return message_figure(NO_SPEC, "Accepted drafts per iteration")
-    fig.update_layout(title="Accepted drafts per iteration", barmode="group",
+    fig.update_layout(title="Accepted drafts per speculative iteration", barmode="group",
                       xaxis=dict(title="accepted drafts", dtick=1), yaxis=dict(title="share of iterations"),
-                      height=320, margin=dict(l=60, r=20, t=50, b=50))
+                      height=380)
     return fig
 
 
@@ -81,6 +81,6 @@ def running_mean_figure(runs: Mapping[str, object]) -> go.Figure:
                                  hovertemplate=f"{label}<br>after %{{x}} iterations: %{{y:.2f}}<extra></extra>"))
     if not fig.data:
         return message_figure(NO_SPEC, "Running mean acceptance length")
-    fig.update_layout(title="Running mean acceptance length", xaxis_title="speculative iteration",
-                      yaxis_title="mean acceptance length", height=320, margin=dict(l=60, r=20, t=50, b=50))
+    fig.update_layout(title="Running mean acceptance length (1 + accepted drafts per iteration)",
+                      xaxis_title="speculative iteration", yaxis_title="mean acceptance length", height=380)
     return fig

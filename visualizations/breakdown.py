@@ -41,6 +41,6 @@ def breakdown_figure(runs: Mapping[str, object]) -> go.Figure:
                              customdata=[rows[k]["steps"] for k in labels],
                              hovertemplate=f"%{{y}}: {p} %{{x:.2f}} ms per step (%{{customdata}} steps)<extra></extra>"))
     fig.update_layout(barmode="stack", title="Iteration breakdown: mean time per engine step",
-                      xaxis_title="milliseconds per step", height=max(220, 60 + 45 * len(labels)),
-                      yaxis=dict(autorange="reversed"), margin=dict(l=110, r=20, t=50, b=50))
+                      xaxis_title="milliseconds per step", height=max(300, 140 + 45 * len(labels)),
+                      yaxis=dict(autorange="reversed", automargin=True), margin=dict(l=110, r=20, t=50, b=50))
     return fig

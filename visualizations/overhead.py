@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from ._common import message_figure, natural_key, read_result_files
+from .provenance import file_provenance, stamp
 
 _NAME = re.compile(r"kernels-(\d{4}-?\d{2}-?\d{2}[^-]*)-(.+)\.json$")
 NO_RESULTS = ("No kernel benchmark results yet. On a GPU machine run `python -m vegas_core.bench kernels`; it "
@@ -33,6 +34,10 @@ class KernelResults:
     @property
     def label(self) -> str:
         return f"measured {self.date} on {self.device} ({os.path.basename(self.path)})"
+
+    @property
+    def provenance(self) -> str:
+        return file_provenance(f"bench/results/{os.path.basename(self.path)}", self.date, self.device)
 
 
 def collect_mode(value) -> str:
@@ -131,8 +136,7 @@ def overhead_figure(results: KernelResults | None, kernel: str = "verify_attenti
                                      hovertemplate=f"{names[mode]}<br>%{{x}} rows: %{{y:.1f}} %<extra></extra>"))
     b, ctx, h, kvh, hd = shape
     fig.update_layout(
-        title=dict(text=f"{kernel} logit-collection overhead — batch {b}, context {ctx}, {h}/{kvh} heads, "
-                        f"head dim {hd}<br><sup>{results.label}</sup>", font=dict(size=13)),
-        xaxis=dict(title="query rows per request", dtick=2), yaxis_title="overhead vs no collection (%)",
-        height=360, margin=dict(l=60, r=20, t=70, b=50), meta={"date": results.date, "device": results.device})
-    return fig
+        title=f"{kernel} logit-collection overhead", xaxis=dict(title="query rows per request", dtick=2),
+        yaxis_title="overhead vs no collection (%)", height=400,
+        meta={"date": results.date, "device": results.device})
+    return stamp(fig, f"batch {b}, context {ctx}, {h}/{kvh} heads, head dim {hd}", results.provenance)

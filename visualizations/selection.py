@@ -73,9 +73,8 @@ def selection_heatmaps(trace, request_index: int = 0, iteration_index: int = -1,
     ids = context_ids(req)
     tt = trace.token_texts
     sel = it.selection
-    title = (f"Iteration {it.index} of request {req.request_id} ({trace.config.method}): {sel.budget} of {sel.base} "
-             f"prefix entries kept per {'layer' if sel.granularity == 'layer' else 'KV head'}; "
-             f"positions ≥ {sel.base} always attended")
+    title = (f"KV selection, iteration {it.index + 1} ({trace.config.method}): {sel.budget} of {sel.base} prefix "
+             f"entries kept per {'layer' if sel.granularity == 'layer' else 'KV head'}, positions ≥ {sel.base} always attended")
 
     # Overview: bins of equal width over the whole context.
     ncols = max(1, min(max_cols, length))
@@ -93,13 +92,14 @@ def selection_heatmaps(trace, request_index: int = 0, iteration_index: int = -1,
         colorbar=dict(title="attended"), name="overview"))
     overview.add_vline(x=sel.base - 0.5, line=dict(color="#e8590c", dash="dash"),
                        annotation_text="recent →", annotation_position="top")
-    overview.update_layout(title=dict(text=title, font=dict(size=13)), height=max(320, 11 * len(labels) + 120),
+    overview.update_layout(title=title, height=max(360, 11 * len(labels) + 160),
                            xaxis_title=f"context position (binned to {len(edges) - 1} columns)",
                            yaxis=dict(autorange="reversed"), margin=dict(l=60, r=20, t=60, b=50),
                            meta={"iteration": it.index, "request": req.request_id, "length": length})
 
     # Zoom: full resolution over [start, start + window).
-    start = max(0, length - window) if window_start is None else min(max(0, window_start), max(0, length - 1))
+    # A start left over from a longer run is pulled back so the window stays full (never one column).
+    start = max(0, length - window) if window_start is None else min(max(0, window_start), max(0, length - window))
     stop = min(length, start + window)
     xs = np.arange(start, stop)
     texts = [visible(token_text(tt, ids[p])) if p < len(ids) else "" for p in xs]
@@ -111,8 +111,8 @@ def selection_heatmaps(trace, request_index: int = 0, iteration_index: int = -1,
         hovertemplate="%{y} · position %{x}: %{customdata}<br>%{z} (0 no · 1 selected · 2 recent)<extra></extra>",
         colorbar=dict(title="", tickvals=[0, 1, 2], ticktext=["not attended", "selected", "recent"]),
         name="zoom"))
-    zoom.update_layout(title=dict(text=f"Positions {start}–{stop - 1} at full resolution", font=dict(size=13)),
-                       height=max(320, 11 * len(labels) + 120), xaxis_title="context position",
+    zoom.update_layout(title=f"KV selection zoom, iteration {it.index + 1}: positions {start}–{stop - 1} at full resolution",
+                       height=max(360, 11 * len(labels) + 160), xaxis_title="context position",
                        yaxis=dict(autorange="reversed"), margin=dict(l=60, r=20, t=50, b=50),
                        meta={"iteration": it.index, "start": int(start), "stop": int(stop)})
     return overview, zoom
@@ -161,7 +161,7 @@ def recall_figure(trace, request_index: int = 0, iteration_index: int = -1) -> g
     fig = go.Figure(go.Bar(x=list(range(len(recall))), y=recall, name="recall", marker_color="#1c7ed6",
                            hovertemplate="layer %{x}: recall %{y:.3f}<extra></extra>"))
     fig.add_hline(y=mean, line=dict(color="#e8590c", dash="dash"), annotation_text=f"mean {mean:.3f}")
-    fig.update_layout(title=f"Attention recall per layer, iteration {it.index}", xaxis_title="layer",
+    fig.update_layout(title=f"Attention recall per layer, iteration {it.index + 1}", xaxis_title="layer",
                       yaxis=dict(title="recall", range=[0, 1.02]), height=300,
                       margin=dict(l=60, r=20, t=50, b=50))
     return fig

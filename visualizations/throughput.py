@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import plotly.graph_objects as go
 
 from ._common import message_figure, natural_key, read_result_files
+from .provenance import file_provenance, stamp
 
 NO_RESULTS = ("No end-to-end results yet. Run `python -m vegas_core.bench e2e` (on a CPU it uses a small "
               "workload); it writes bench/results/e2e-<date>-<device>.json, which this view reads.")
@@ -26,6 +27,10 @@ class E2EResults:
     @property
     def label(self) -> str:
         return f"measured {self.date} on {self.device}, {self.workload} workload ({os.path.basename(self.path)})"
+
+    @property
+    def provenance(self) -> str:
+        return file_provenance(f"bench/results/{os.path.basename(self.path)}", self.date, self.device)
 
 
 def load_e2e_results(results_dir: str | os.PathLike = "bench/results") -> list[E2EResults]:
@@ -83,9 +88,8 @@ def throughput_figure(results: E2EResults | None) -> go.Figure:
             hovertemplate="%{x}: %{y:.1f} tokens/s (%{text} vanilla)<br>mean acceptance length "
                           "%{customdata[0]:.2f}, gamma %{customdata[1]}, sparsity %{customdata[2]}<extra></extra>"))
     b = results.records[0]
-    fig.update_layout(
-        barmode="group", yaxis_title="decode tokens/s", height=380, margin=dict(l=60, r=20, t=70, b=60),
-        title=dict(text=f"End-to-end throughput, batch {b.get('batch')}, up to {b.get('context')} tokens "
-                        f"(bar labels: × vanilla)<br><sup>{results.label}</sup>", font=dict(size=13)),
-        meta={"date": results.date, "device": results.device})
-    return fig
+    fig.update_layout(barmode="group", yaxis_title="decode tokens/s", height=420,
+                      title="End-to-end throughput per method (bar labels: × vanilla)",
+                      meta={"date": results.date, "device": results.device})
+    settings = f"batch {b.get('batch')}, up to {b.get('context')} tokens, {results.workload} workload"
+    return stamp(fig, settings, results.provenance)

@@ -182,10 +182,12 @@ def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
     assert len(s.live_iterations) == n and s.running       # held: nothing more arrives
     for k in (n + 1, n + 2):                                # each Step runs exactly one iteration
         label, _, counters, stages, kv = studio.step()
-        assert f'data-counter="iterations">{k}<' in counters and f'data-iteration="{k - 1}"' in stages
+        assert f'data-counter="iterations">{k}<' in counters and f'data-iteration="{k}"' in stages   # one numbering
         assert [c for c in ("draft", "verify", "accept", "select") if f'data-stage="{c}"' in stages] == \
             ["draft", "verify", "accept", "select"]
-        assert kv["value"] == k - 1 and len(s.live_iterations) == k
+        assert kv["value"] == k and len(s.live_iterations) == k
+        if k > 1:   # live, as it happens: the set this iteration's Select kept, a strip row per layer
+            assert "kept for the next drafts" in stages and stages.count('data-layer="') >= 2 * worker.engine.config.num_layers
     label, *_ = studio.pause()                              # resume: the run goes on to the end
     assert label["value"] == "Pause"
     streamer.join(60)
@@ -195,9 +197,9 @@ def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
     assert n_it > n + 2
     # After the run, Step walks through the recorded iterations from the first one.
     _, stream, counters, stages, _ = studio.step()
-    assert 'data-iteration="0"' in stages and 'data-counter="iterations">1<' in counters
+    assert 'data-iteration="1"' in stages and 'data-counter="iterations">1<' in counters
     _, stream, counters, stages, _ = studio.step()
-    assert 'data-iteration="1"' in stages and 'data-counter="iterations">2<' in counters
+    assert 'data-iteration="2"' in stages and 'data-counter="iterations">2<' in counters
     label, stream, counters, stages, _ = studio.pause()     # resume: the whole run
     assert label["value"] == "Pause" and 'data-counter="tokens">16<' in counters
     assert _pool_is_free(worker)

@@ -61,7 +61,8 @@ def test_overhead_from_results_file(tmp_path):
     assert list(by_name["Collect-2-Query"].x) == [2, 8, 16]
     assert [round(y, 6) for y in by_name["Collect-2-Query"].y] == [2.0, 2.0, 2.0]
     assert [round(y, 6) for y in by_name["all"].y] == [10.0, 40.0, 80.0]
-    assert "NVIDIA H200" in fig.layout.title.text and "2026-01-02" in fig.layout.title.text
+    prov = fig.layout.meta["provenance"]
+    assert "NVIDIA H200" in prov and "2026-01-02" in prov and prov in fig.layout.title.subtitle.text
 
 
 def test_the_overhead_view_picks_the_newest_file_that_draws_the_curve(tmp_path):
@@ -78,3 +79,29 @@ def test_the_overhead_view_picks_the_newest_file_that_draws_the_curve(tmp_path):
     assert pick_kernel_results(results).path.endswith("run10.json")
     assert pick_kernel_results(results[:1]).path.endswith("run11-probe.json")   # nothing better: the newest
     assert pick_kernel_results([]) is None
+
+
+def test_verdict_waits_for_every_method(trace, vanilla):
+    html = compare_table_html({"vanilla": vanilla, "vegas": trace}, expected=["vanilla", "stream", "vegas"])
+    assert "data-lossless='pending'" in html and "waiting for stream" in html and "passed" not in html
+
+
+def test_times_vanilla_columns(trace, vanilla):
+    rows = {r["method"]: r for r in compare_rows({"vanilla": vanilla, "vegas": trace})}
+    assert rows["vanilla"]["speedup"] == 1.0 and rows["vanilla"]["iteration_time_ratio"] == 1.0
+    assert rows["vegas"]["speedup"] == trace.requests[0].decode_tokens_per_s / vanilla.requests[0].decode_tokens_per_s
+    # vegas: (3+1+6, 5+1+6, 0+0+5) ms over 3 steps; vanilla: 5 ms a step
+    assert abs(rows["vegas"]["iteration_time_ratio"] - (27 / 3) / 5) < 1e-9
+
+
+def test_token_diff_when_outputs_differ():
+    bad = OUTPUT[:4] + [19] + OUTPUT[5:]
+    html = compare_table_html({"vanilla": vanilla_trace(), "vegas": spec_trace(output=bad)})
+    assert "class='vs-diff' data-method='vegas'" in html
+    assert "<del data-side='vanilla' style='background:#ffc9c9'> It</del>" in html
+    assert "<ins data-side='vegas' style='background:#b2f2bb'>?</ins>" in html
+
+
+def test_sampled_compare_says_what_lossless_means():
+    html = compare_table_html({"vanilla": vanilla_trace(), "vegas": spec_trace(temperature=0.8)})
+    assert "same distribution, not identical text" in html and "test_sampled_lossless.py" in html

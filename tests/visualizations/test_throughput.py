@@ -31,7 +31,9 @@ def test_reads_picks_and_draws(tmp_path):
     assert (greedy.name, card.name) == ("greedy", "model-card")
     assert list(greedy.x) == ["vanilla", "vegas", "vegas (kv-head)"] and list(greedy.y) == [40.0, 20.0, 10.0]
     assert list(greedy.text) == ["1.00×", "0.50×", "0.25×"]
-    assert "2026-11-30" in fig.layout.title.text and "small workload" in fig.layout.title.text
+    sub = fig.layout.title.subtitle.text
+    assert "2026-11-30" in sub and "small workload" in sub and "cpu: Xeon" in sub
+    assert fig.layout.meta["provenance"].startswith("from bench/results/e2e-")
 
 
 def test_without_results_says_so(tmp_path):

@@ -1,7 +1,8 @@
 import re
 
 from tests.visualizations.conftest import OUTPUT, TEXTS
-from visualizations import counters_html, iteration_stages_html, stream_pieces, token_stream_html
+from vegas_core.trace import DraftToken, Iteration
+from visualizations import counters_html, stream_pieces, token_stream_html
 
 
 def test_pieces_carry_each_tokens_fate(trace):
@@ -12,7 +13,7 @@ def test_pieces_carry_each_tokens_fate(trace):
         (15, "accepted"), (16, "accepted"), (17, "accepted"), (18, "bonus")]
     # Everything but the rejected drafts is the output, in order.
     assert [p.token_id for p in pieces if p.kind != "rejected"] == OUTPUT
-    assert pieces[1].text == " lazy" and pieces[3].iteration == 1
+    assert pieces[1].text == " lazy" and pieces[3].iteration == 2     # numbered from 1
 
 
 def test_output_ids_cap_a_cut_short_last_iteration(trace):
@@ -41,15 +42,23 @@ def test_missing_token_text_is_visible_placeholder(trace):
     assert pieces[0].text == "⟨10⟩"
 
 
-def test_stage_cards_show_the_four_stages(trace):
-    its = trace.requests[0].iterations
-    html = iteration_stages_html(its[1], TEXTS, num_layers=4, next_iteration=its[2])
-    assert [s for s in re.findall(r'data-stage="(\w+)"', html)] == ["draft", "verify", "accept", "select"]
-    assert "2 of 3 drafts accepted" in html and "✘" in html and "keeps 2 of 8 entries per KV head" in html
-    assert "No iteration" in iteration_stages_html(None, TEXTS)
+def test_an_iteration_cut_by_max_tokens_shows_only_what_was_output(trace):
+    it = trace.requests[0].iterations[2].model_copy(update={"emitted": [15, 16]})   # max_tokens hit after " was"
+    pieces = stream_pieces([it], trace.token_texts)
+    assert [(p.token_id, p.kind) for p in pieces] == [(15, "accepted"), (16, "accepted")]
+
+
+def test_drafts_after_the_first_rejection_are_marked_unchecked():
+    drafts = [DraftToken(token_id=t, draft_prob=0.9, target_prob=0.2, accepted=False) for t in (11, 12, 13)]
+    it = Iteration(index=4, step=6, position=9, drafts=drafts, num_accepted=0, emitted=[14], final_token=14,
+                   final_kind="correction")
+    titles = [p.title for p in stream_pieces([it], TEXTS)]
+    assert "draft 1: rejected" in titles[0] and "not checked" in titles[1] and "not checked" in titles[2]
+    assert titles[0].startswith("iteration 5")
 
 
 def test_counters_show_values():
     html = counters_html(12, 3.456, 2.5, 4, "streaming")
     assert 'data-counter="tokens_per_s">3.5<' in html and 'data-counter="mean_acceptance_length">2.50<' in html
     assert 'data-counter="mean_acceptance_length">–<' in counters_html(1, None, None, 1)
+    assert "tokens emitted" in html and "mean acceptance length (accepted)" in html

@@ -7,6 +7,9 @@ A *speculative* iteration is one with `final_kind != "decode"` (it drafted at le
   iterations; a list of length gamma (default: the most drafts any iteration made); None without
   speculative iterations.
 - tokens_per_s = generated tokens / decode seconds; None when the time is zero.
+Accepted is the drafter's count (drafts the verifier accepted, tokens that max_tokens or a stop then
+cut included, as vLLM counts them); emitted is what the user got (`Iteration.emitted`, which sums to
+the output). Views say which one they show, with these words.
 Functions take any sequence of objects shaped like `schema.Iteration`, so they never import it.
 """
 from __future__ import annotations
@@ -16,6 +19,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .schema import Iteration
+
+
+MEAN_ACCEPTANCE_LENGTH = ("mean acceptance length = 1 + accepted drafts / speculative iterations; accepted "
+                          "counts what the verifier accepted (as vLLM counts it), emitted counts what was output")
+
+
+def emitted_tokens(iterations: Sequence[Iteration]) -> int:
+    """Tokens the iterations output (the request's output length, for a trace recorded by the engine)."""
+    return sum(len(it.emitted) for it in iterations)
 
 
 def _speculative(iterations: Sequence[Iteration]) -> list[Iteration]:

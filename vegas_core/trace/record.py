@@ -5,14 +5,16 @@ from __future__ import annotations
 from .positions import encode_positions
 
 
-def iteration_record(index: int, step: int, base: int, drafts: list[int], res, selection,
+def iteration_record(index: int, step: int, base: int, drafts: list[int], res, kept: list[int], selection,
                      granularity: str, num_layers: int) -> dict:
-    """`res`: the iteration's `RejectionResult`; `selection`: the view the drafts attended."""
+    """`res`: the iteration's `RejectionResult`; `kept`: the tokens the request output, a prefix of
+    `res.tokens` when the run ended inside the iteration (`num_accepted` and `final_token` stay
+    what the verifier decided); `selection`: the view the drafts attended."""
     d = [dict(token_id=t, draft_prob=_prob(res.draft_probs[j]), target_prob=_prob(res.target_probs[j]),
               accepted=j < res.num_accepted) for j, t in enumerate(drafts)]
     kind = "decode" if not drafts else ("bonus" if res.bonus else "correction")
     rec = dict(index=index, step=step, position=base, drafts=d, num_accepted=res.num_accepted,
-               emitted=list(res.tokens), final_token=res.tokens[-1], final_kind=kind, selection=None,
+               emitted=list(kept), final_token=res.tokens[-1], final_kind=kind, selection=None,
                recall=None)
     if selection is not None and drafts:
         rec["selection"] = selection_record(granularity, selection)

@@ -4,8 +4,11 @@ Contract: a `Trace` is plain data (pydantic v2 models, JSON-serialisable, no ten
 its own consistency at construction, so anything that loads is safe to replay and plot without the
 model. Every model forbids unknown fields and non-finite floats. Timings of one iteration are those of
 the *batched* engine step it belonged to (requests of one step share them), so add them per step, not
-per request. `emitted` is what an iteration produced; a request's `output_token_ids` may be shorter
-when a stop token or `max_tokens` cut the last iteration short, and it is not cross-checked here.
+per request. Two counts are kept apart: `num_accepted` is the drafter's (drafts the verifier accepted,
+as vLLM counts them) and `emitted` is what the user got, a prefix of the accepted drafts + final token
+that is shorter when a stop token or `max_tokens` ended the run inside the iteration, so the engine's
+traces' `emitted` concatenate to exactly `output_token_ids`. (Not enforced at load: traces recorded
+before that fix kept the cut tokens; views cap them at the output.)
 
 A trace is checked against the model it declares before anything is built from it: every count,
 position, list and string is bounded (`fields.MAX_*`), token ids lie in the model's vocabulary,
@@ -85,7 +88,7 @@ class Iteration(_Strict):
     position: Position               # verified cache length at iteration start
     drafts: list[DraftToken] = Field(max_length=16)    # accepted ones first (gamma <= 16)
     num_accepted: NonNegInt
-    emitted: list[TokenId] = Field(max_length=17)      # accepted draft ids + final_token
+    emitted: list[TokenId] = Field(max_length=17)      # tokens output: accepted drafts + final_token, cut where the run ended
     final_token: TokenId
     final_kind: Literal["correction", "bonus", "decode"]
     # The set this iteration's drafts attended (quest reselects per draft step: its first step's set).
@@ -107,8 +110,9 @@ class Iteration(_Strict):
         if flags != [True] * k + [False] * (n - k):
             raise ValueError(f"accepted flags {flags} are not the first num_accepted={k} drafts")
         expected = [d.token_id for d in self.drafts[:k]] + [self.final_token]
-        if self.emitted != expected:
-            raise ValueError(f"emitted {self.emitted} != accepted drafts + final token {expected}")
+        if not self.emitted or self.emitted != expected[:len(self.emitted)]:
+            raise ValueError(f"emitted {self.emitted} is not a non-empty prefix of accepted drafts + final "
+                             f"token {expected}")
         kind = "decode" if n == 0 else ("bonus" if k == n else "correction")
         if self.final_kind != kind:
             raise ValueError(f'final_kind "{self.final_kind}" with {k} of {n} drafts accepted should be "{kind}"')

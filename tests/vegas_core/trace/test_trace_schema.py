@@ -23,6 +23,8 @@ def test_valid_iteration_builds():
     (dict(num_accepted=3), "num_accepted 3 exceeds the 2 drafts"),
     (dict(num_accepted=0, emitted=[7]), "not the first num_accepted=0"),
     (dict(emitted=[5, 6, 7]), "emitted"),
+    (dict(emitted=[]), "non-empty prefix"),
+    (dict(emitted=[7]), "non-empty prefix"),
     (dict(final_kind="bonus"), 'should be "correction"'),
     (dict(drafts=[], num_accepted=0, emitted=[7], final_kind="correction"), 'should be "decode"'),
     (dict(draft_ms=float("nan")), "finite"),
@@ -34,6 +36,13 @@ def test_valid_iteration_builds():
 def test_inconsistent_iterations_are_rejected(overrides, message):
     with pytest.raises(ValidationError, match=message):
         Iteration(**_iteration_kwargs(**overrides))
+
+
+def test_a_run_ending_inside_an_iteration_emits_a_prefix():
+    # max_tokens (or a stop token) reached after the accepted draft: the correction 7 was never output,
+    # yet the verifier accepted one draft (the drafter's count) and chose 7.
+    it = Iteration(**_iteration_kwargs(emitted=[5]))
+    assert it.emitted == [5] and it.num_accepted == 1 and it.final_token == 7
 
 
 def test_nan_probability_is_rejected():
