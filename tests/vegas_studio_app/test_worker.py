@@ -72,7 +72,7 @@ def test_concurrent_requests_each_get_their_tokens_once(worker):
 def test_bad_requests_are_refused_in_the_callers_thread(worker):
     with pytest.raises(InvalidRequestError, match="empty"):
         worker.submit("   ", SamplingParams(max_tokens=4), SpecParams(method="vanilla"), chat=False)
-    with pytest.raises(InvalidRequestError, match="context length"):
+    with pytest.raises(InvalidRequestError, match="beyond the model's context of 512 tokens"):
         worker.submit("hello", SamplingParams(max_tokens=100_000), SpecParams(method="vanilla"), chat=False)
     assert _pool_is_free(worker)
 
@@ -208,7 +208,7 @@ def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
 @pytest.mark.filterwarnings("ignore::UserWarning")   # gr.Warning outside a Gradio request
 def test_generate_refuses_bad_input_with_a_message(worker):
     studio = Studio(worker)
-    for args, needle in [(("",), "prompt is empty"), (("x" * 30_000,), "limit"),
+    for args, needle in [(("",), "prompt is empty"), (("x" * 30_000,), "beyond the model's context of 512 tokens"),
                          (("hi", False, "warp"), "unknown method")]:
         full = list(args) + [False, "vegas", 3, 0.5, 2, "layer", False, 0.0, 1.0, 0, None, 8][len(args) - 1:]
         out = list(studio.generate(*full))
