@@ -208,7 +208,8 @@ def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
 @pytest.mark.filterwarnings("ignore::UserWarning")   # gr.Warning outside a Gradio request
 def test_generate_refuses_bad_input_with_a_message(worker):
     studio = Studio(worker)
-    for args, needle in [(("",), "prompt is empty"), (("x" * 30_000,), "beyond the model's context of 512 tokens"),
+    for args, needle in [(("",), "prompt is empty"),
+                         (("x" * 30_000,), "context of 512 tokens: shorten the prompt"),
                          (("hi", False, "warp"), "unknown method")]:
         full = list(args) + [False, "vegas", 3, 0.5, 2, "layer", False, 0.0, 1.0, 0, None, 8][len(args) - 1:]
         out = list(studio.generate(*full))
