@@ -16,6 +16,8 @@ import tempfile
 import time
 
 PACKAGES = ("vegas_core", "vegas_studio_app", "visualizations")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)   # the clone, as `python app.py` and `python -m vegas_core` see it from there
 
 
 def step(name: str, fn) -> None:
