@@ -89,14 +89,16 @@ def make_tiny_hf_model():
     return build_tiny_hf_model
 
 
-@pytest.fixture(scope="session")
+# Module scope: each test process holds a packaged model (1-2 GB in fp32) only while a module uses
+# it; held for the session, two processes with both models and their engines ran out of CI's 24 GiB.
+@pytest.fixture(scope="module")
 def gemma_model():
     """Gemma-3-270M from its PyPI parts (requirements-models.txt; scripts/test.sh installs them)."""
     from vegas_core.loader import load_model
     return load_model("gemma-3-270m")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def qwen_model():
     """Qwen2.5-Coder-0.5B-Instruct from its PyPI parts (requirements-models.txt)."""
     from vegas_core.loader import load_model
