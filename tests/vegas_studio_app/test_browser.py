@@ -62,7 +62,12 @@ def tour_shot(page, name: str, width: int | None = None):
     if width:
         page.set_viewport_size({"width": width, "height": 1000})
         page.wait_for_timeout(600)                                    # plots follow the window (responsive)
+    # Toasts left by earlier steps of a test are not part of the view being shown: hidden for the shot.
+    page.evaluate("""() => { const s = document.createElement('style'); s.id = 'vs-no-toasts';
+        s.textContent = '.toast-wrap, .toast-body { visibility: hidden !important; }';
+        document.head.appendChild(s); }""")
     path = shot(page, name)
+    page.evaluate("() => document.getElementById('vs-no-toasts').remove()")
     docs = ROOT / "docs" / "tour" / f"{name}.png"
     if not docs.exists() or os.environ.get("UPDATE_SCREENSHOT") == "1":
         docs.parent.mkdir(parents=True, exist_ok=True)
