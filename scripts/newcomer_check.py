@@ -5,11 +5,11 @@ embedded model, `python app.py` serves one streamed request through its API, and
 failure ends the check with its output."""
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
 import pkgutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,42 +67,14 @@ def cli() -> str:
 
 
 def app() -> str:
-    from gradio_client import Client
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen([sys.executable, "app.py", "--device", "cpu", "--port", str(port)],
-                            stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))
-    try:
-        client = _connect(Client, f"http://127.0.0.1:{port}/", proc, log)
-        job = client.submit("Name a colour.", "vegas", 8, True, 0.0, api_name="/stream_tokens")
-        events = [out for out in job]
-        final = job.result(timeout=300)
-        if not final.get("finished") or final.get("error"):
-            raise RuntimeError(f"the streamed request did not finish: {final}")
-        return f"{len(events)} stream events, {len(final['all_token_ids'])} tokens: {final['all_text']!r}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _connect(Client, url: str, proc, log, timeout: float = 300):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"app.py exited with {proc.returncode}:\n{log.read()[-4000:]}")
-        try:
-            client = Client(url, verbose=False)
-            status = client.predict(api_name="/pool")
-            if status.get("state") == "ready":
-                return client
-        except Exception:   # not serving yet, or still loading the model
-            pass
-        time.sleep(1)
-    log.seek(0)
-    raise RuntimeError(f"app.py did not serve within {timeout:.0f} s:\n{log.read()[-4000:]}")
+    """`python app.py` started the way the app benchmark starts it (`bench.app.AppServer`)."""
+    from vegas_core.bench.app import AppServer
+    args = argparse.Namespace(model=None, device="cpu", dtype=None, eager=False, clients=1, max_tokens=8)
+    with AppServer(args) as server:
+        got = server.stream("Name a colour.", "vegas")
+    if not got["tokens"]:
+        raise RuntimeError(f"the streamed request gave no tokens: {got}")
+    return f"{got['events']} stream events, {got['tokens']} tokens"
 
 
 def bench() -> str:

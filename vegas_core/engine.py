@@ -288,16 +288,12 @@ class Engine:
             self._trackers.pop(req.request_id, None)
             self._suspended.pop(req.request_id, None)
 
-    def _progress_mark(self) -> tuple:
-        """What a step can change besides emitting tokens: prefill, admission, preemption, holds."""
-        return tuple((r.request_id, r.num_cached, r.status, r.held) for r in self.core.requests.values())
-
     def _step_checked(self) -> list[StreamEvent]:
         """One step; raises when it changed nothing, since the next would not either (every
         runnable request held, or waiting for pages that held requests keep)."""
-        before = self._progress_mark()
+        before = self.core.progress_mark()
         events = self.step()
-        if not events and self._progress_mark() == before:
+        if not events and self.core.progress_mark() == before:
             raise InvalidRequestError("no request can make progress: the rest are paused, or wait for "
                                       "KV pages that paused requests hold")
         return events

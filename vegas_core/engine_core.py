@@ -397,13 +397,15 @@ class EngineCore:
         """Step until every request has finished, or until a step changes nothing: then every
         request left is held (paused) or waits for pages held ones keep, and only `resume` or
         `abort` can change that (stepping on would spin)."""
-        def mark():
-            return [(r.request_id, r.num_cached, r.status, r.held) for r in self.requests.values()]
-
         while self.has_work:
-            before = mark()
+            before = self.progress_mark()
             outputs = self.step()
             if progress is not None:
                 progress()
-            if not outputs and mark() == before:
+            if not outputs and self.progress_mark() == before:
                 return
+
+    def progress_mark(self) -> tuple:
+        """What a step can change besides emitting tokens: prefill, admission, preemption, holds.
+        A step that emits nothing and leaves this unchanged will be followed by the same."""
+        return tuple((r.request_id, r.num_cached, r.status, r.held) for r in self.requests.values())

@@ -236,12 +236,8 @@ class EngineWorker:
             self._abort_stale()
             idle = False
             if self.engine.core.has_work:
-                before = self._progress()
-                idle = not self._step() and self._progress() == before
-
-    def _progress(self) -> tuple:
-        """What a step can change without emitting events: prefill, admission, preemption."""
-        return tuple((rid, r.num_cached, r.status) for rid, r in self.engine.core.requests.items())
+                before = self.engine.core.progress_mark()
+                idle = not self._step() and self.engine.core.progress_mark() == before
 
     def _fail_commands_forever(self) -> None:
         while True:
