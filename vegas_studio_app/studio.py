@@ -30,6 +30,7 @@ from visualizations.tokens import stream_pieces
 
 from .exports import write_bundle, write_run_files, wrong_file
 from .session import Session, SessionStore
+from .unread import UnreadWatch
 from .worker import EngineWorker
 
 # Only a bound on what the tokenizer is asked to read: the model's context, in tokens, is the real
@@ -99,8 +100,11 @@ def check_prompt(prompt) -> str:
 
 class Studio:
     def __init__(self, worker: EngineWorker | None, results_dir: str = "bench/results",
-                 export_root: str | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+                 export_root: str | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+                 abandon_after_s: float = 30.0):
         self.worker = worker
+        self.blocks = None                 # the gr.Blocks serving this Studio (build_ui sets it)
+        self.abandon_after_s = abandon_after_s
         self.store = SessionStore()
         self.results_dir = results_dir
         # Removed when the Studio is garbage-collected or the process exits (exports live with it).
@@ -150,8 +154,13 @@ class Studio:
             yield {"finished": True, "error": str(e)}
             return
         seq = 0
+        watch = UnreadWatch(self.blocks, getattr(request, "session_hash", None), self.abandon_after_s)
         try:
             while True:
+                if watch.abandoned():
+                    print(f"Vegas Studio: stopped request {handle.request_id}: no client read its stream "
+                          f"for {self.abandon_after_s:g} s", flush=True)
+                    return
                 ev = handle.get(timeout=0.5)
                 if ev is None:
                     continue

@@ -204,6 +204,7 @@ def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> 
         stream_tokens, pool = make_api(studio)
         gr.api(stream_tokens, api_name="stream_tokens", **eng)
         gr.api(pool, api_name="pool", queue=False)
+    studio.blocks = demo
     return demo
 
 
@@ -220,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
+    p.add_argument("--abandon-after", type=float, default=30.0, metavar="SECONDS",
+                   help="stop an API stream whose events no client has read for this long (default: 30)")
     p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
     p.add_argument("--results-dir", default="bench/results",
                    help="committed benchmark results the Overhead and Throughput views read "
@@ -236,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
                               attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
-    studio = Studio(worker, results_dir=args.results_dir)
+    if not args.abandon_after > 0:
+        print(f"error: --abandon-after must be > 0, got {args.abandon_after:g}", file=sys.stderr)
+        return 2
+    studio = Studio(worker, results_dir=args.results_dir, abandon_after_s=args.abandon_after)
     demo = build_ui(studio, args.concurrency, args.model)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,

@@ -9,6 +9,8 @@ concatenated, equal the final output), and the KV pool must be all free afterwar
 from __future__ import annotations
 
 import time
+import json
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,7 +19,7 @@ pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 from gradio_client.utils import QueueError, Status  # noqa: E402
 
-APP_ARGS = ("--concurrency", "8", "--queue-size", "2")
+APP_ARGS = ("--concurrency", "8", "--queue-size", "2", "--abandon-after", "3")
 METHODS = ["vanilla", "vegas", "stream", "quest", "specextend", "vegas-all", "vanilla", "vegas"]
 MAX_TOKENS = 8
 LONG_TOKENS = 32
@@ -115,3 +117,70 @@ def test_a_client_that_cancels_frees_its_request(app_server):
             break
         time.sleep(0.5)
     assert pool["active_requests"] == 0 and pool["num_free"] == pool["num_blocks"], pool
+
+
+def _page_protocol_events(app_server, prompt: str, max_tokens: int) -> list[tuple[float, dict]]:
+    """What the page does: POST /queue/join, then read the session's /queue/data event stream.
+    After the first, each message carries a diff against the one before, as the page applies it.
+    Returns (arrival wall time, event) per token event."""
+    import httpx
+    from gradio_client.utils import apply_diff
+    base = app_server.url + "gradio_api/"
+    config = httpx.get(app_server.url + "config").json()
+    fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stream_tokens")
+    session = uuid.uuid4().hex[:11]
+    httpx.post(base + "queue/join", json={"data": [prompt, "vanilla", max_tokens, True, 0.0], "fn_index": fn,
+                                          "session_hash": session, "event_data": None, "trigger_id": None}
+               ).raise_for_status()
+    events, out = [], None
+    with httpx.stream("GET", base + "queue/data", params={"session_hash": session}, timeout=300) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            msg = json.loads(line[5:])
+            if msg["msg"] == "process_generating":
+                data = msg["output"]["data"][0]
+                out = data if out is None else apply_diff(out, data)
+                if isinstance(out, dict) and not out.get("finished") and "t_sent" in out:
+                    events.append((time.time(), out))
+            if msg["msg"] in ("process_completed", "close_stream"):
+                break
+    return events
+
+
+def _client_events(app_server, prompt: str, max_tokens: int) -> list[tuple[float, dict]]:
+    from vegas_studio_app.client import stream_tokens
+    return [(time.time(), out) for out in stream_tokens(app_server.client(), prompt, "vanilla", max_tokens)
+            if not out.get("finished")]
+
+
+@pytest.mark.parametrize("read", [_page_protocol_events, _client_events], ids=["page-protocol", "gradio_client"])
+def test_events_arrive_as_the_engine_makes_them_not_in_a_burst(app_server, read):
+    """Each token event reaches the client soon after the server sent it (`t_sent`), so the arrivals
+    spread over the generation; a stream held back and delivered at the end fails both checks."""
+    events = read(app_server, "Write a long story about a lighthouse keeper.", 48)
+    assert len(events) >= 16, events
+    sent = [e["t_sent"] for _, e in events]
+    arrived = [t for t, _ in events]
+    span = sent[-1] - sent[0]
+    assert span >= 1.0, f"the generation took {span:.2f} s: too short to tell streaming from a burst"
+    delays = [a - s for a, s in zip(arrived, sent)]
+    assert max(delays) <= 0.75, f"an event arrived {max(delays):.2f} s after the server sent it"
+    assert arrived[-1] - arrived[0] >= 0.6 * span, "the events arrived bunched together"
+
+
+def test_an_api_stream_nobody_reads_is_stopped(app_server):
+    """POST /call/stream_tokens and never GET its events: the app stops the request once its events
+    have gone unread for --abandon-after seconds (3 here) instead of decoding to max_tokens."""
+    import httpx
+    r = httpx.post(app_server.url + "gradio_api/call/stream_tokens",
+                   json={"data": ["Write a long story about a lighthouse keeper.", "vanilla", 4000, True, 0.0]})
+    r.raise_for_status()
+    client = app_server.ready_client
+    _wait(lambda: client.predict(api_name="/pool")["active_requests"] == 1, 60, "the request to start")
+    started = time.monotonic()
+    _wait(lambda: client.predict(api_name="/pool")["active_requests"] == 0, 60, "the unread request to stop")
+    assert time.monotonic() - started < 15
+    assert "no client read its stream for 3 s" in app_server.log()
+    pool = client.predict(api_name="/pool")
+    assert pool["num_free"] == pool["num_blocks"], pool

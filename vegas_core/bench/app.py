@@ -190,11 +190,12 @@ class AppServer:
         """One streamed request (on `client`, else a new one): tokens/s between the first and last
         token events, TTFT from the submit, the largest gap between events and where each event
         was on the server."""
+        from vegas_studio_app.client import stream_job
         client = client or self.new_client()
         t0 = time.time()
         job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
         events = []
-        for out in job:
+        for out in stream_job(job):
             if not out.get("finished"):
                 events.append((time.time(), len(out["token_ids"]), out.get("t_engine"), out.get("t_sent")))
         final = job.result()
@@ -221,6 +222,8 @@ class AppServer:
         errors: list[str] = []
         lock = threading.Lock()
 
+        from vegas_studio_app.client import stream_job
+
         def client_loop(i: int):
             client, n = self.new_client(), 0
             while time.monotonic() < stop_at:
@@ -229,7 +232,7 @@ class AppServer:
                 job = client.submit(prompts[i], method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
                 abort = (i + n) % 7 == 0             # about one client in seven aborts each round
                 outs = []
-                for out in job:
+                for out in stream_job(job):
                     outs.append(out)
                     if abort and len(outs) >= 3:
                         job.cancel()
