@@ -6,8 +6,9 @@ import gradio as gr
 def make_api(studio):
     def stream_tokens(prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
                       temperature: float = 0.0, request: gr.Request = None) -> dict:
-        """Stream one request: a dict per engine event ({seq, token_ids, text}), then a final dict
-        ({finished, finish_reason, all_token_ids, all_text}) or one with `error`."""
+        """Stream one request: a dict per message ({seq, token_ids, text, events}: the engine events
+        ready since the last message), then a final dict ({finished, finish_reason, all_token_ids,
+        all_text}) or one with `error`."""
         yield from studio.api_stream(prompt, method, max_tokens, chat, temperature, request)
 
     def pool() -> dict:

@@ -141,9 +141,10 @@ class Studio:
 
     def api_stream(self, prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
                    temperature: float = 0.0, request: gr.Request = None):
-        """Streaming API for scripts and load tests: one dict per engine event
-        ({seq, token_ids, text}), then a final dict with the whole output ({finished, finish_reason,
-        all_token_ids, all_text}); a refused request yields one dict with `error`."""
+        """Streaming API for scripts and load tests: one dict per message ({seq, token_ids, text,
+        events}: the engine events ready since the last message, usually one), then a final dict with
+        the whole output ({finished, finish_reason, all_token_ids, all_text}); a refused request
+        yields one dict with `error`."""
         try:
             if self.worker is None:
                 raise VegasError("started with --no-model")
@@ -164,15 +165,22 @@ class Studio:
                 ev = handle.get(timeout=0.5)
                 if ev is None:
                     continue
-                if ev.finished:
-                    res = ev.result
-                    yield {"finished": True, "finish_reason": ev.finish_reason, "error": ev.error,
+                # Events that queued up while Gradio sent the last message go out as one, so the
+                # server keeps pace with a GPU that emits an event every millisecond or so.
+                ready = [ev, *handle.ready()]
+                tokens = [e for e in ready if not e.finished]
+                if tokens:
+                    # Server times (wall clock) place any delay: engine thread -> this handler -> client.
+                    yield {"seq": seq, "token_ids": [t for e in tokens for t in e.new_token_ids],
+                           "text": "".join(e.text_delta for e in tokens), "finished": False,
+                           "events": len(tokens), "t_engine": tokens[0].t, "t_sent": time.time()}
+                    seq += 1
+                end = ready[-1]
+                if end.finished:
+                    res = end.result
+                    yield {"finished": True, "finish_reason": end.finish_reason, "error": end.error,
                            "all_token_ids": list(res.token_ids) if res else [], "all_text": res.text if res else ""}
                     return
-                # Server times (wall clock) place any delay: engine thread -> this handler -> client.
-                yield {"seq": seq, "token_ids": ev.new_token_ids, "text": ev.text_delta, "finished": False,
-                       "t_engine": ev.t, "t_sent": time.time()}
-                seq += 1
         finally:
             if not handle.done:
                 handle.abort()

@@ -79,6 +79,16 @@ class Handle:
         except queue.Empty:
             return None
 
+    def ready(self) -> list[LiveEvent]:
+        """Every event already waiting, without blocking."""
+        self.last_poll = time.monotonic()
+        out = []
+        while True:
+            try:
+                out.append(self.events.get_nowait())
+            except queue.Empty:
+                return out
+
     def abort(self) -> None:
         if not self.done:
             self.worker._commands.put(("abort", self.request_id, None))
