@@ -20,7 +20,8 @@ result has the same bits whatever the number of rows beside it (a verification's
 each row what a 64-row decode step gives it). cuBLAS picks another kernel per shape. The engine
 runs these for forwards of up to `CausalLM.fused_linear_rows` rows (decode and draft steps by
 default: at 576 rows cuBLAS is faster); raised to cover verifications, greedy output matched
-vanilla's more often (bench/NOTES.md version 37).
+vanilla's more often (bench/NOTES.md version 37). The batch-invariant mode
+(`KernelOptions.deterministic`) runs every forward's projections and the head through them.
 
 On a GPU in bf16 the products are not cuBLAS's bits (another reduction order); float32 inputs use
 IEEE float32 products (no TF32). The kernels only read shapes, strides and dtypes on the host and
@@ -65,6 +66,9 @@ CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
     (576, 1536, False): (64, 16, 128, 4, 3),     # down_proj
 }
 DEFAULT_CONFIG = (16, 32, 64, 4, 3)
+# The head (vocabulary-wide N), which only the batch-invariant mode runs here: wide tiles, so the
+# 49K x 576 weight is read once per 64 rows. Not tuned on a GPU yet.
+HEAD_CONFIG = (64, 128, 64, 4, 3)
 
 
 # Under the interpreter (CI) a program costs tens of ms of Python whatever its size, so the engine's
@@ -76,6 +80,10 @@ def config_for(n: int, k: int, silu_mul: bool) -> tuple[int, int, int, int, int]
     if triton is not None and triton.knobs.runtime.interpret:
         return INTERPRET_CONFIG
     return CONFIGS.get((n, k, silu_mul), DEFAULT_CONFIG)
+
+
+def head_config() -> tuple[int, int, int, int, int]:
+    return INTERPRET_CONFIG if triton is not None and triton.knobs.runtime.interpret else HEAD_CONFIG
 
 
 

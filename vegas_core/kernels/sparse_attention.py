@@ -324,6 +324,10 @@ def _interpreting() -> bool:
 MAX_PACKED_HEADS = 16
 # Each split keeps at least this many tiles of the index capacity (`_auto_splits`).
 MIN_TILES_PER_SPLIT = 2
+# Splits per (request, KV head) in the batch-invariant mode (`KernelOptions.deterministic`), where
+# the count must not follow the batch: a request's list is cut by its own length alone. Four is
+# `_auto_splits`' choice at batch 64 with one program per KV head (SmolLM2, an H200).
+INVARIANT_SPLITS = 4
 
 
 def packs_kv_heads(heads: int, kv_heads: int, groups: int) -> bool:

@@ -321,10 +321,12 @@ if triton is not None:
                               s_gr, s_gh, s_gc)
 
     @triton.jit
-    def _program_keys(qloc_ptr, ctx_ptr, num_splits, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr):
+    def _program_keys(qloc_ptr, ctx_ptr, num_splits, split_keys, BLOCK_N: tl.constexpr,
+                      SPLIT: tl.constexpr):
         """A verification program's (request, KV head, split), its request's rows and context,
         and the keys [lo, hi) it covers: with SPLIT, that request's context over num_splits in
-        whole BLOCK_N tiles (split 0 and the whole context without)."""
+        whole BLOCK_N tiles, or with split_keys > 0 keys [s * split_keys, (s + 1) * split_keys)
+        whatever the context (split 0 and the whole context without SPLIT)."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
@@ -333,6 +335,7 @@ if triton is not None:
         if SPLIT:
             split = tl.program_id(2)
             split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
+            split_len = tl.where(split_keys > 0, split_keys, split_len)
             lo = split * split_len
             hi = tl.minimum(ctx, lo + split_len)
         else:
@@ -359,7 +362,7 @@ if triton is not None:
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
             part_acc_ptr, part_ml_ptr, cnt_ptr,
-            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, logits_len,
+            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, split_keys, logits_len,
             s_qt, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
             s_vb, s_vt, s_vh, s_vd,
@@ -380,13 +383,15 @@ if triton is not None:
         over BLOCK_N-key tiles gathered via the block table. With SPLIT, program (req, kvh, s)
         covers keys [s * split_len, (s + 1) * split_len) of ITS request, split_len being that
         request's context over num_splits in whole tiles (every request uses every split, and
-        nothing depends on the batch's longest context: CUDA-graph safe), and leaves its
+        nothing depends on the batch's longest context: CUDA-graph safe), or split_keys when
+        > 0 (the batch-invariant mode's fixed boundaries; splits past a context are empty), and
+        leaves its
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
         `_merge_splits_kernel` does, launched after."""
         pdl_wait(USE_PDL)
         req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
-                                                                     BLOCK_N, SPLIT)
+                                                                     split_keys, BLOCK_N, SPLIT)
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
             kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
 
@@ -566,6 +571,37 @@ def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | N
     return max(1, min(want, -(-max_ctx // min_split), 64))
 
 
+# Keys per split in the batch-invariant mode: splits start at multiples of it in every call, so a
+# row's keys meet the same split boundaries whatever its request's context (at 8K, 8 splits: at
+# batch 64 about the programs per SM `default_num_splits` found fastest).
+INVARIANT_SPLIT_KEYS = 1024
+
+
+def batch_invariant_launch(head_dim: int, group: int) -> dict:
+    """`verify_attention_into`'s keyword arguments in the batch-invariant mode
+    (`KernelOptions.deterministic`): one launch for every call, so a query row's scores, softmax
+    and sums run in one order whether it is a one-row decode step, one of 17 verification rows or
+    a prefill row (in pieces of ``block_m // group`` rows), whatever the batch and whatever is
+    collected:
+    - one score tile, the size 17 rows need (a tile's size can change the MMA instruction, so
+      a row's dot products; padded rows cost compute, not bandwidth);
+    - key splits at fixed positions (`INVARIANT_SPLIT_KEYS`, always split, so every row is merged
+      the same way), with `invariant_num_splits` of them; a split that a row cannot see, or past
+      its context, adds exact zeros to the merge, in split order;
+    - every tile masked, no merge by the last split (no atomics), no register cap, no page
+      prefetch, collection from the main tile (the first/last tile is another dot)."""
+    block_m = tile_rows(MAX_Q_ROWS, group)
+    return dict(block_m=block_m, block_n=128 if head_dim <= 64 else 64,
+                num_warps=8 if block_m >= 128 else 4, num_stages=2, fused_merge=False,
+                max_registers=0, unmasked_tiles=False, page_ahead=0,
+                split_keys=INVARIANT_SPLIT_KEYS, c2q_tile=False)
+
+
+def invariant_num_splits(max_ctx: int, split_keys: int = INVARIANT_SPLIT_KEYS) -> int:
+    """Splits that cover ``max_ctx`` keys at ``split_keys`` each."""
+    return max(1, -(-max_ctx // split_keys))
+
+
 def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
                      scale: float, collect: str = "none", block_n: int | None = None,
                      num_splits: int | None = None, max_ctx: int | None = None,
@@ -573,13 +609,15 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
                      max_registers: int | None = None, unmasked_tiles: bool | None = None,
-                     page_ahead: int | None = None):
+                     page_ahead: int | None = None, block_m: int | None = None,
+                     split_keys: int = 0):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
     ``num_stages`` default to `launch_config` for the collection path taken. ``num_splits`` splits each
     request's context into that many equal ranges processed by separate programs and merged
-    (flash-decoding); None picks `default_num_splits`.
+    (flash-decoding); None picks `default_num_splits`, or with ``split_keys`` (splits of that
+    many keys from position 0, see `verify_attention_into`) `invariant_num_splits`.
 
     ``c2q_tile``: collect through a small tile of the first and last rows only (valid when every
     collected row is one of its request's first or last; None: exactly when ``collect="c2q"``)
@@ -608,7 +646,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
         if row_slot is None:
             row_slot = collected_row_slots(rows_kept, total).to(q.device)
     if num_splits is None:
-        num_splits = default_num_splits(batch, k_cache.shape[2], max_ctx)
+        num_splits = invariant_num_splits(max_ctx, split_keys) if split_keys else \
+            default_num_splits(batch, k_cache.shape[2], max_ctx)
     if c2q_tile is None:
         c2q_tile = isinstance(collect, str) and collect == "c2q"
     verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_start_loc, scale,
@@ -616,7 +655,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead)
+                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead,
+                          block_m=block_m, split_keys=split_keys)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -627,7 +667,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
                           unmasked_tiles: bool | None = None,
-                          page_ahead: int | None = None):
+                          page_ahead: int | None = None, block_m: int | None = None,
+                          split_keys: int = 0):
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -644,8 +685,13 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     False masks every tile (the same output within rounding, not always bit for bit).
     ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
     the tile it will gather (0: in front of the gather; the same bits any way). All of these,
-    like the tile, warps and stages, default to `launch_config`'s. Returns the launched attention
-    kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for an empty batch."""
+    like the tile, warps and stages, default to `launch_config`'s. ``block_m``: the score tile's
+    rows (default `tile_rows` of ``max_q``; at least ``max_q`` times the GQA group).
+    ``split_keys`` > 0: split ``s`` covers keys [s * split_keys, (s + 1) * split_keys) of every
+    request (a multiple of ``block_n``; ``num_splits`` of them must cover the longest context),
+    and the splits are merged even when there is one. `batch_invariant_launch` gives all of
+    these for the batch-invariant mode. Returns the launched attention kernel (Triton's compiled
+    kernel: `asm`, `n_regs`; for probes), None for an empty batch."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -653,9 +699,13 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     if batch == 0 or total == 0:
         return None
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
-    block_m = tile_rows(max_q, group)
+    block_m = block_m or tile_rows(max_q, group)
+    if block_m < max_q * group:
+        raise ValueError(f"a {block_m}-row tile cannot hold {max_q} rows of {group} heads")
     cfg = launch_config(collect_mode, dim, block_m, max_q)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
+    if split_keys % block_n:
+        raise ValueError(f"split_keys ({split_keys}) must be a multiple of block_n ({block_n})")
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
     max_registers = cfg.max_registers if max_registers is None else max_registers
@@ -668,7 +718,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    split = num_splits > 1
+    split = num_splits > 1 or split_keys > 0
     if split:
         part_acc = torch.empty(num_splits, total, heads, dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_splits, total, heads, 2, dtype=torch.float32, device=q.device)
@@ -684,7 +734,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     # and offset are then arithmetic by a known constant, not a runtime integer division
     # (bench/NOTES.md, version 33).
     kernel_args = (q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
-                   block_tables, context_lens, q_start_loc, float(scale), num_splits, logits_len,
+                   block_tables, context_lens, q_start_loc, float(scale), num_splits, split_keys,
+                   logits_len,
                    *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
                    *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1])
     launched = _verify_attention_kernel[(batch, kv_heads, num_splits)](
