@@ -45,7 +45,7 @@ import torch
 
 from vegas_core.kernels.argmax import argmax_rows
 from vegas_core.kernels.select import quest_sizes
-from vegas_core.kernels.verify_attention import MAX_Q_ROWS, default_num_splits
+from vegas_core.kernels.verify_attention import MAX_Q_ROWS
 
 from .attention import AttentionMetadata, LogitCollector
 from .attention.kernel_backend import _Dense, _Plan, _Sparse, stack_indices
@@ -528,7 +528,8 @@ class GraphRunner:
         cfg = self.runner.config
         if key.kind == "dense":
             g = _Dense(rows=None, tables=v["tables"], ctx=v["ctx"], qloc=v["qloc"], max_q=key.rows,
-                       num_splits=default_num_splits(key.batch, cfg.num_kv_heads, self.width))
+                       num_splits=self.runner.model.backend.dense_splits(key.batch, cfg.num_kv_heads,
+                                                                         self.width))
             if key.collect:
                 g.logits, g.lse = self._logits, self._lse[:, :key.tokens]
                 g.row_slot, g.c2q_tile = v["row_slot"], key.collect == 2

@@ -8,7 +8,9 @@ for the requested rows (all rows when None). Built with `KernelOptions` (the GPU
 maths runs through the Triton kernels of `kernels/fused.py`: fewer launches per layer, same logits;
 and forwards of up to `fused_linear_rows` rows run their projections through
 `kernels/fused_linear.py` with the norms, SiLU * up and residual adds inside them (the same
-roundings around the products, whose own reduction order is Triton's, not cuBLAS's).
+roundings around the products, whose own reduction order is Triton's, not cuBLAS's). With
+`KernelOptions.deterministic` every forward does, the head included, so a row's logits do not
+depend on how many rows its forward has.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vegas_core.kernels.fused import add_rms_norm, rotary_qkv, silu_mul
-from vegas_core.kernels.fused_linear import linear_add, norm_linear
+from vegas_core.kernels.fused_linear import head_config, linear_add, norm_linear
 from vegas_core.kernels.qkv_rotary import norm_linear_rotary
 
 from .attention import AttentionMetadata
@@ -213,12 +215,15 @@ class CausalLM(nn.Module):
         # the norms, SiLU * up and residual adds inside; verification and prefill keep cuBLAS's,
         # faster at hundreds of rows.
         self.fused_linear_rows = kernels.fused_linear_rows if kernels is not None else 0
+        # Batch-invariant: every forward through the fused projections, the head too.
+        self.deterministic = kernels is not None and kernels.deterministic
 
     def rotary_in_qkv(self) -> bool:
         """Whether decode and draft steps (the fused projections' forwards) run the rotary and the
         pool write inside the qkv product: it needs the fused projections and no per-head q/k norm
         (Qwen3's stays in the rotary kernel)."""
-        return bool(self.ops is not None and self.fused_linear_rows and not self.config.qk_norm)
+        return bool(self.ops is not None and (self.fused_linear_rows or self.deterministic)
+                    and not self.config.qk_norm)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         weights = dict(weights)
@@ -260,9 +265,10 @@ class CausalLM(nn.Module):
         residual add happens in the final norm, after the logit rows are picked (the add is
         element-wise, so picking first gives the same rows). Up to `fused_linear_rows` rows,
         through `DecoderLayer.forward_fused_linear` instead (the stream then needs no last add;
-        the head stays cuBLAS's, faster than the Triton product for a 49K vocabulary)."""
+        the head stays cuBLAS's, faster than the Triton product for a 49K vocabulary, except in
+        the batch-invariant mode, where every forward takes this path)."""
         norm, ops = self.model.norm, self.ops
-        if x.shape[0] <= self.fused_linear_rows:
+        if x.shape[0] <= self.fused_linear_rows or self.deterministic:
             hidden = x          # the embeddings, a new tensor: updated in place from here on
             rotary_in_qkv = self.rotary_in_qkv()
             for layer in self.model.layers:
@@ -270,6 +276,9 @@ class CausalLM(nn.Module):
                                                     rotary_in_qkv)
             if logit_rows is not None:
                 hidden = hidden[logit_rows]
+            if self.deterministic:
+                return ops.norm_linear(hidden, norm.weight, norm.eps, self.lm_head.weight,
+                                       config=head_config())
             return self.lm_head(ops.add_rms_norm(hidden, norm.weight, norm.eps)[0])
         delta, residual = x, None
         for layer in self.model.layers:

@@ -3,7 +3,7 @@ ModelRunner -> the model, the attention backend and the kernels. Nothing else sw
 no module globals, no attributes set on the model after it is built."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import InvalidRequestError
 
@@ -21,10 +21,18 @@ class KernelOptions:
     # `kernels/fused_linear.py` with the norms, SiLU * up and residual adds inside; longer ones
     # (verification, prefill) keep cuBLAS, faster there. 0: cuBLAS everywhere.
     fused_linear_rows: int = 128
+    # Batch-invariant kernels (`EngineOptions.deterministic` sets it): each kernel has one launch
+    # configuration whatever the forward's rows and batch, so a row's reductions run in one order:
+    # every projection and the head through `fused_linear` (fused_linear_rows is then moot),
+    # attention with one score tile and key splits at fixed positions, merged without atomics
+    # (`verify_attention.batch_invariant_launch`; prefill too, in pieces of verification size),
+    # drafts with a fixed split count (`sparse_attention.INVARIANT_SPLITS`).
+    deterministic: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.pdl, bool):
-            raise InvalidRequestError(f"pdl must be True or False, got {self.pdl!r}")
+        for name in ("pdl", "deterministic"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.fused_linear_rows, bool) or not isinstance(self.fused_linear_rows, int) \
                 or self.fused_linear_rows < 0:
             raise InvalidRequestError(
@@ -48,6 +56,12 @@ class EngineOptions:
     # With CUDA graphs and no trace: launch the next iteration's chain before returning
     # (`overlap.Overlap`), so the GPU works while the host emits and schedules.
     run_ahead: bool = True
+    # Batch-invariant mode: on the kernel path a position's logits do not depend on the batch, the
+    # rows of its forward, or whether a decode step or a verification computed them, so every
+    # method's greedy output equals vanilla's bit for bit in bf16 and a seeded request samples the
+    # same text alone or in a batch (`KernelOptions.deterministic` says how). It costs throughput.
+    # The CPU reference path has no such mode (in float32 its outputs match without it).
+    deterministic: bool = False
     kernels: KernelOptions = field(default_factory=KernelOptions)
 
     def __post_init__(self):
@@ -66,3 +80,9 @@ class EngineOptions:
                 f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction!r}")
         if not isinstance(self.kernels, KernelOptions):
             raise InvalidRequestError(f"kernels must be a KernelOptions, got {self.kernels!r}")
+        if not isinstance(self.deterministic, bool):
+            raise InvalidRequestError(f"deterministic must be True or False, got {self.deterministic!r}")
+        if self.kernels.deterministic != self.deterministic:
+            # The kernels read their own options; this switch is the one that counts (so that
+            # `dataclasses.replace(options, deterministic=...)` works), copied there.
+            object.__setattr__(self, "kernels", replace(self.kernels, deterministic=self.deterministic))

@@ -15,6 +15,12 @@ builds its plan itself, from its static buffers, and the same code below runs it
   (`kernels.select.quest_page_scores`), the top pages (`quest_positions`), then `sparse_attention`;
 - longer prefill chunks: the reference's fused SDPA, one request at a time.
 
+With `KernelOptions.deterministic` (the batch-invariant mode) every call takes one launch
+(`verify_attention.batch_invariant_launch`; drafts `sparse_attention.INVARIANT_SPLITS` splits, one
+program per KV head), and longer prefill chunks go through `verify_attention` as well, cut into
+pieces of as many rows as its tile holds: a row's attention is then the same bits in a prefill
+chunk of any length, a decode step or a verification, whatever the batch.
+
 The maths is the reference's (`reference.py`); `tests/vegas_core/test_kernel_backend.py` runs the
 engine both ways under the Triton interpreter and requires the same tokens.
 """
@@ -25,9 +31,10 @@ from dataclasses import dataclass, field
 import torch
 
 from vegas_core.kernels.select import quest_page_scores, quest_positions, quest_sizes
-from vegas_core.kernels.sparse_attention import sparse_attention
-from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots,
-                                                 default_num_splits, verify_attention_into)
+from vegas_core.kernels.sparse_attention import INVARIANT_SPLITS, sparse_attention
+from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, batch_invariant_launch,
+                                                 collected_row_slots, default_num_splits,
+                                                 invariant_num_splits, verify_attention_into)
 
 from ..kv_cache import KVPool
 from ..options import KernelOptions
@@ -88,9 +95,25 @@ class KernelBackend:
 
     def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None):
         self.scale = scale
-        self.pdl = (options or KernelOptions()).pdl
+        options = options or KernelOptions()
+        self.pdl = options.pdl
+        self.deterministic = options.deterministic
         self.reference = ReferenceBackend(scale)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
+        # Draft launches beyond the default ones: fixed splits, one program per KV head.
+        self._sparse = dict(num_splits=INVARIANT_SPLITS, packed=False) if self.deterministic else {}
+
+    def dense_splits(self, batch: int, kv_heads: int, max_ctx: int) -> int:
+        """Context splits of a dense (verification, decode, prefill) call."""
+        if self.deterministic:
+            return invariant_num_splits(max_ctx)
+        return default_num_splits(batch, kv_heads, max_ctx)
+
+    def dense_rows(self, group: int) -> int:
+        """The most rows of one request a dense call takes (prefill chunks are cut to it in the
+        batch-invariant mode; longer ones take the reference's SDPA otherwise)."""
+        return batch_invariant_launch(0, group)["block_m"] // group if self.deterministic \
+            else MAX_Q_ROWS
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -120,20 +143,24 @@ class KernelBackend:
             out = torch.empty_like(q)
             lse = g.lse[layer] if g.lse is not None else \
                 torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            launch = dict(c2q_tile=g.c2q_tile)
+            if self.deterministic:
+                launch = batch_invariant_launch(q.shape[2], q.shape[1] // kc.shape[2])
             verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
                                   max_q=g.max_q, num_splits=g.num_splits,
                                   logits=None if g.logits is None else g.logits[layer],
-                                  row_slot=g.row_slot, c2q_tile=g.c2q_tile)
+                                  row_slot=g.row_slot, **launch)
             return out
         if g.num_pages is None:
             out = sparse_attention(q, kc, vc, g.tables, g.ctx, g.indices[layer], g.counts, g.tail,
-                                   self.scale, pdl=self.pdl)
+                                   self.scale, pdl=self.pdl, **self._sparse)
             self._recall(layer, q, pool, meta, g, g.indices[layer])
             return out
         kmin, kmax = self.quest_bounds.layer(layer)
         scores = quest_page_scores(q, kmin, kmax, g.tables, g.num_pages, g.granularity, p_max=g.p_max)
         idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
-        out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale, pdl=self.pdl)
+        out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale, pdl=self.pdl,
+                               **self._sparse)
         for j, i in enumerate(g.seqs):
             view = meta.seqs[i].sparse
             if view.keep_sets:
@@ -162,14 +189,16 @@ class KernelBackend:
         for i, seq in enumerate(meta.seqs):
             view = seq.sparse
             if view is None:
-                (dense if seq.q_len <= MAX_Q_ROWS else plan.long).append(i)
+                (dense if seq.q_len <= MAX_Q_ROWS or self.deterministic else plan.long).append(i)
             elif hasattr(view, "num_pages"):
                 quest.setdefault(view.granularity, []).append(i)
             else:
                 fixed.append(i)
         tables = meta.block_tables.to(torch.int32)
         if dense:
-            plan.groups.append(self._dense_group(meta, dense, tables, q, pool))
+            piece = self.dense_rows(q.shape[1] // pool.k[0].shape[2]) if self.deterministic else 0
+            plan.groups.append(self._dense_group(meta, dense, tables, q, pool, self.dense_splits,
+                                                 piece))
         if fixed:
             g = self._sparse_group(meta, fixed, tables, device)
             views = [meta.seqs[i].sparse for i in fixed]
@@ -205,28 +234,37 @@ class KernelBackend:
             tail=torch.tensor([s.sparse.base for s in seqs], dtype=torch.int32, device=device))
 
     @staticmethod
-    def _dense_group(meta, members, tables, q, pool: KVPool) -> _Dense:
+    def _dense_group(meta, members, tables, q, pool: KVPool, splits, piece: int = 0) -> _Dense:
+        """`piece` > 0: requests of more rows are attended as pieces of at most `piece` rows,
+        each a request of the kernel with the context of its last row (`splits` gives the split
+        count from the batch size, KV heads and longest context)."""
         device = q.device
         seqs = [meta.seqs[i] for i in members]
-        everything = len(members) == len(meta.seqs)
         qloc, rows, collect, rows_of, c2q = [0], [], [], {}, True
-        for i, s in zip(members, seqs):
+        owner, ctx = [], []            # per kernel request: its index in members, its context
+        for j, (i, s) in enumerate(zip(members, seqs)):
             base = qloc[-1]
             rows.extend(range(s.q_start, s.q_start + s.q_len))
+            ends = list(range(piece, s.q_len, piece)) if piece else []
             if s.collect_rows is not None and meta.collector is not None:
                 rows_of[i] = list(range(len(collect), len(collect) + len(s.collect_rows)))
                 collect.extend(base + r for r in s.collect_rows)
-                c2q = c2q and set(s.collect_rows) <= {0, s.q_len - 1}
-            qloc.append(base + s.q_len)
-        ctx = [meta.context_lens[i] for i in members]
+                # The first/last tile takes a kernel request's first and last rows: no pieces.
+                c2q = c2q and set(s.collect_rows) <= {0, s.q_len - 1} and not ends
+            for end in ends + [s.q_len]:
+                qloc.append(base + end)
+                owner.append(j)
+                ctx.append(meta.context_lens[i] - (s.q_len - end))
+        whole = len(members) == len(meta.seqs) and owner == list(range(len(owner)))
         g = _Dense(
-            rows=None if everything and rows == list(range(len(rows))) else
+            rows=None if len(members) == len(meta.seqs) and rows == list(range(len(rows))) else
             torch.tensor(rows, dtype=torch.long, device=device),
-            tables=tables if everything else tables[torch.tensor(members, device=device)],
+            tables=tables if whole else
+            tables[torch.tensor([members[j] for j in owner], device=device)],
             ctx=torch.tensor(ctx, dtype=torch.int32, device=device),
             qloc=torch.tensor(qloc, dtype=torch.int32, device=device),
-            max_q=max(s.q_len for s in seqs),
-            num_splits=default_num_splits(len(members), pool.k[0].shape[2], max(ctx)))
+            max_q=max(b - a for a, b in zip(qloc, qloc[1:])),
+            num_splits=splits(len(ctx), pool.k[0].shape[2], max(ctx)))
         if collect:
             rows_t = torch.tensor(collect, dtype=torch.long)
             layers, heads = len(pool.k), q.shape[1]
