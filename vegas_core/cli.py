@@ -15,6 +15,10 @@ from .sampling import SamplingParams
 from .spec import GRANULARITIES, METHODS, SpecParams
 
 
+MODES = {"deterministic": "batch-invariant kernels", "default": "Triton kernels",
+         "reference": "PyTorch reference"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vegas", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -36,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--attention", default="auto", choices=["auto", "reference", "triton"],
                    help="auto: Triton kernels on a GPU, PyTorch reference on a CPU; reference: force the reference (debugging)")
     g.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
+    g.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels: the same bits whatever the batch, so every method's greedy "
+                        "output equals vanilla's and a seed gives the same text alone or batched (slower; "
+                        "the CPU reference path has no such mode)")
     g.add_argument("--method", default="vanilla", help=f"one of {', '.join(METHODS)}")
     g.add_argument("--granularity", default="layer", help=f"one of {', '.join(GRANULARITIES)}")
     g.add_argument("--gamma", type=int, default=6, help="draft tokens per iteration (1..16)")
@@ -69,10 +77,14 @@ def generate(args) -> int:
         _check_trace_path(args.trace)
     engine = Engine(args.model, args.device, args.dtype, spec,
                     EngineOptions(trace=bool(args.trace), attention=args.attention,
-                                  cuda_graphs="off" if args.eager else "auto"))
+                                  cuda_graphs="off" if args.eager else "auto",
+                                  deterministic=args.deterministic))
+    if args.deterministic and engine.mode == "reference":
+        print("note: --deterministic applies to the Triton kernel path; the PyTorch reference path "
+              "runs as it is", file=sys.stderr)
     if not args.json:
-        print(f"[{engine.source} on {engine.device}, {engine.dtype}; loaded in {engine.load_time_s:.1f} s]",
-              file=sys.stderr)
+        print(f"[{engine.source} on {engine.device}, {engine.dtype}, {MODES[engine.mode]}; "
+              f"loaded in {engine.load_time_s:.1f} s]", file=sys.stderr)
     ids = engine.encode_prompt(args.prompt, chat=args.chat)
     warmup_s = engine.warm_up(ids, sampling, spec)
     if warmup_s is not None and not args.json:
@@ -87,7 +99,7 @@ def generate(args) -> int:
                    decode_tokens_per_s=res.decode_tokens_per_s, method=spec.method,
                    mean_acceptance_length=res.mean_acceptance_length,
                    per_position_acceptance=res.per_position_acceptance, iterations=res.num_iterations,
-                   device=str(engine.device), warmup_s=warmup_s)
+                   device=str(engine.device), mode=engine.mode, warmup_s=warmup_s)
         print(json.dumps(out, allow_nan=False, default=_finite))
     else:
         print(file=sys.stdout)

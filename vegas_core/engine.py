@@ -174,6 +174,17 @@ class Engine:
         # Requests of streams suspended between events -> whether another caller has paused it.
         self._suspended: dict[int, bool] = {}
 
+    @property
+    def mode(self) -> str:
+        """How this engine computes: "deterministic" (the Triton kernels, batch-invariant:
+        `EngineOptions.deterministic`; every method's greedy output equals vanilla's bit for bit),
+        "default" (the kernels' fastest launches; in bf16 near-ties may break differently from one
+        batch to another) or "reference" (the PyTorch reference path, which has no
+        batch-invariant mode: in float32 its outputs have matched without one)."""
+        if not self.core.runner.kernels:
+            return "reference"
+        return "deterministic" if self.core.options.deterministic else "default"
+
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int], chat: bool = False,
                       system: str | None = None) -> list[int]:

@@ -41,6 +41,14 @@ def test_json_result_and_trace(tmp_path):
     assert os.listdir(tmp_path) == ["t.json"]     # no temporary file left
 
 
+def test_deterministic_flag_says_which_mode_ran():
+    """On the CPU the reference path runs: --deterministic is accepted, and the output says so."""
+    r = _cli("--prompt", "Hello", "--max-tokens", "2", "--json", "--deterministic")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["mode"] == "reference"
+    assert "--deterministic applies to the Triton kernel path" in r.stderr.decode()
+
+
 def test_a_closed_pipe_ends_quietly():
     proc = subprocess.Popen([*CLI, "--prompt", "Tell me a long story.", "--max-tokens", "40", "--ignore-eos"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
