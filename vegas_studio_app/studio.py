@@ -98,6 +98,18 @@ def check_prompt(prompt) -> str:
     return prompt
 
 
+def compare_mode(mode: str, dtype) -> str:
+    """What Compare's lossless check rests on with this engine (`Engine.mode`), for its verdict."""
+    name = str(dtype).replace("torch.", "")
+    if mode == "deterministic":
+        return f"batch-invariant kernels, {name}: equal means bit for bit"
+    if mode == "default":
+        return f"default kernels, {name}: a near-tie may round apart; start the app with --deterministic"
+    if name == "float32":
+        return "float32 reference path"
+    return f"{name} reference path: a near-tie may round apart"
+
+
 class Studio:
     def __init__(self, worker: EngineWorker | None, results_dir: str = "bench/results",
                  export_root: str | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES,
@@ -621,7 +633,9 @@ class Studio:
         state = "pass" if viz.lossless_check(s.runs)["passed"] else "fail"
         if any(t.config.temperature > 0 for t in s.runs.values()):
             state = "n/a"
-        yield table(), f"done: compare {group}, {len(methods)} methods, {verdict[state]}"
+        engine = self.worker.engine
+        yield table(), (f"done: compare {group}, {len(methods)} methods, {verdict[state]} "
+                        f"({compare_mode(engine.mode, engine.dtype)})")
 
     # -- export / replay -----------------------------------------------------------------------
     def _export_runs(self, s: Session) -> list:

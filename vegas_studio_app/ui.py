@@ -223,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs: every GPU forward runs eagerly (debugging)")
     p.add_argument("--abandon-after", type=float, default=30.0, metavar="SECONDS",
                    help="stop an API stream whose events no client has read for this long (default: 30)")
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                   help="batch-invariant kernels on a GPU (default), so Compare's lossless check is exact in "
+                        "bf16; --no-deterministic runs the faster default kernels")
     p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
     p.add_argument("--results-dir", default="bench/results",
                    help="committed benchmark results the Overhead and Throughput views read "
@@ -237,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if not args.no_model:
         worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
-                              attention=args.attention, cuda_graphs="off" if args.eager else "auto").start()
+                              attention=args.attention, cuda_graphs="off" if args.eager else "auto",
+                              deterministic=args.deterministic).start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
     if not args.abandon_after > 0:
         print(f"error: --abandon-after must be > 0, got {args.abandon_after:g}", file=sys.stderr)

@@ -117,9 +117,10 @@ class Handle:
 class EngineWorker:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None,
-                 attention: str = "auto", cuda_graphs: str = "auto"):
+                 attention: str = "auto", cuda_graphs: str = "auto", deterministic: bool = True):
         self.model, self.device, self.dtype = model, device, dtype
         self.attention, self.cuda_graphs = attention, cuda_graphs
+        self.deterministic = deterministic      # EngineOptions.deterministic (Compare's exact check)
         self.max_num_seqs = max_num_seqs
         self.stale_after_s = stale_after_s
         self._factory = engine_factory
@@ -142,7 +143,7 @@ class EngineWorker:
         """A new (not yet started) worker with this one's settings for another model. It stops this
         one and frees its engine before loading: two models at once may not fit in memory."""
         new = EngineWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
-                           self._factory, self.attention, self.cuda_graphs)
+                           self._factory, self.attention, self.cuda_graphs, self.deterministic)
         new._previous = self
         return new
 
@@ -168,7 +169,8 @@ class EngineWorker:
         if self.state == "failed":
             return f"The model failed to load: {self.error}"
         e = self.engine
-        attention = "Triton kernels" if e.core.runner.kernels else "PyTorch reference attention"
+        attention = {"deterministic": "Triton kernels, batch-invariant", "default": "Triton kernels",
+                     "reference": "PyTorch reference attention"}[e.mode]
         return (f"Ready: {e.config.name or e.source} on {e.device} ({str(e.dtype).replace('torch.', '')}, "
                 f"{attention}), loaded in {self.load_time_s:.1f} s")
 
@@ -205,7 +207,8 @@ class EngineWorker:
                 self.engine = Engine(self.model, self.device, self.dtype,
                                      options=EngineOptions(trace=True, max_num_seqs=self.max_num_seqs,
                                                            attention=self.attention,
-                                                           cuda_graphs=self.cuda_graphs))
+                                                           cuda_graphs=self.cuda_graphs,
+                                                           deterministic=self.deterministic))
             self.load_time_s = time.monotonic() - self.load_started
             self.state = "ready"
         except Exception as e:  # a bad --model path must show in the UI, not kill the server

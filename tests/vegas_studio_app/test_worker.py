@@ -223,3 +223,15 @@ def test_generate_refuses_bad_input_with_a_message(worker):
 def test_status_line_names_the_model_device_and_attention_path(worker):
     line = worker.status_line()
     assert line.startswith("Ready: ") and "on cpu (float32, PyTorch reference attention)" in line
+
+
+def test_the_apps_engine_asks_for_batch_invariant_kernels(worker):
+    """Compare's verdict says which arithmetic ran: on a GPU the batch-invariant kernels (the app's
+    default), here the float32 reference path (which has no such mode)."""
+    from vegas_studio_app.studio import compare_mode
+    assert worker.deterministic and worker.engine.core.options.deterministic
+    assert worker.engine.mode == "reference"
+    assert compare_mode(worker.engine.mode, worker.engine.dtype) == "float32 reference path"
+    assert "bit for bit" in compare_mode("deterministic", "torch.bfloat16")
+    assert "--deterministic" in compare_mode("default", "torch.bfloat16")
+    assert worker.with_model(None).deterministic
