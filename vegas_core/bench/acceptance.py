@@ -102,7 +102,8 @@ def run(args, argv: list[str]) -> str:
         SpecParams(method=m, granularity=g, gamma=args.gamma, sparsity=args.sparsity, min_budget=args.min_budget)
     engine = Engine(args.model, args.device, args.dtype, SpecParams(method="vanilla"),
                     EngineOptions(trace=True, max_prefill_tokens=4096, max_num_seqs=1,
-                                  attention=args.attention, cuda_graphs="off" if args.eager else "auto"))
+                                  attention=args.attention, cuda_graphs="off" if args.eager else "auto",
+                                  deterministic=args.deterministic))
     prompt = build_prompt(engine.tokenizer, texts.long_text(args.text_tokens, engine.tokenizer), args.workload)
     sampling = SamplingParams(temperature=0.0, max_tokens=args.gen_tokens)
     dtype = str(engine.dtype).replace("torch.", "")
@@ -130,7 +131,7 @@ def run(args, argv: list[str]) -> str:
 
     path = common.write_results(
         "acceptance", args.out, engine.device, argv, records, model=engine.source,
-        model_name=engine.config.name,
+        model_name=engine.config.name, mode=engine.mode,
         workload=dict(kind=args.workload, text=texts.corpus_info(), text_tokens=args.text_tokens,
                       instruction=INSTRUCTION if args.workload == "summarise" else None,
                       prompt_tokens=len(prompt), gen_tokens=args.gen_tokens,

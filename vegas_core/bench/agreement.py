@@ -63,7 +63,8 @@ def run(args, argv: list[str]) -> str:
     prompts = PROMPTS[: args.prompts]
     engines = {}
     for path in ("triton", "reference"):
-        opts = EngineOptions(kv_cache_bytes=2 << 30, max_num_seqs=len(prompts), attention=path)
+        opts = EngineOptions(kv_cache_bytes=2 << 30, max_num_seqs=len(prompts), attention=path,
+                             deterministic=args.deterministic)
         engines[path] = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
     kernel, ref = engines["triton"], engines["reference"]
     sampling = SamplingParams(max_tokens=args.gen_tokens, ignore_eos=True)
@@ -99,7 +100,7 @@ def run(args, argv: list[str]) -> str:
         # Written after every method, so a run stopped early still leaves what it measured.
         path = common.write_results(
             "agreement", args.out, kernel.device, argv, records, model=kernel.source,
-            model_name=kernel.config.name, dtype=str(kernel.dtype).replace("torch.", ""),
+            model_name=kernel.config.name, dtype=str(kernel.dtype).replace("torch.", ""), mode=kernel.mode,
             prompts=len(prompts), gen_tokens=args.gen_tokens, sampling="greedy (temperature 0), ignore_eos",
             complete=len(records) == len(specs))
         bar.update(1)

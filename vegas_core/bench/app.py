@@ -75,7 +75,7 @@ def run(args, argv: list[str]) -> str:
                 ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"])))
         soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
-                                clients=args.clients, soak=soak)
+                                clients=args.clients, soak=soak, deterministic=args.deterministic)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio"]
@@ -111,7 +111,8 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
     out = {m: {} for m in args.methods}
     for trace in (False, True):
         opts = EngineOptions(max_num_seqs=max(16, len(prompts)), kv_cache_bytes=4 << 30, trace=trace,
-                             attention=args.attention, cuda_graphs="off" if args.eager else "auto")
+                             attention=args.attention, cuda_graphs="off" if args.eager else "auto",
+                             deterministic=args.deterministic)
         engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
         for method in args.methods:
             spec = SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
@@ -162,6 +163,9 @@ class AppServer:
                 cmd += [f"--{flag}", getattr(self.args, flag)]
         if self.args.eager:
             cmd.append("--eager")
+        deterministic = getattr(self.args, "deterministic", None)
+        if deterministic is not None:      # the app's own default otherwise
+            cmd.append("--deterministic" if deterministic else "--no-deterministic")
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(os.environ, GRADIO_ANALYTICS_ENABLED="False"))

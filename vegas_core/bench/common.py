@@ -299,6 +299,9 @@ def add_model_arguments(p, attention: bool = True) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: torch's own choice, usually one per core)")
     p.add_argument("--dtype", default=None, help="float32 or bfloat16 (default: float32 on CPU, bfloat16 on GPU)")
+    p.add_argument("--deterministic", action="store_true",
+                   help="batch-invariant kernels (EngineOptions.deterministic): the same bits whatever the "
+                        "batch, at a cost in throughput; the CPU reference path has no such mode")
     if not attention:
         return
     p.add_argument("--eager", action="store_true",

@@ -58,7 +58,7 @@ def engine_options(args, device: torch.device, gen_tokens: int):
     size = dict(kv_cache_bytes=int(args.kv_cache_gb * 1e9)) if args.kv_cache_gb else \
         dict(num_blocks=per_request * max(args.batch))
     return EngineOptions(block_size=block, max_num_seqs=max(args.batch), attention=args.attention,
-                         cuda_graphs="off" if args.eager else "auto",
+                         cuda_graphs="off" if args.eager else "auto", deterministic=args.deterministic,
                          max_prefill_tokens=args.max_prefill_tokens or (16384 if device.type == "cuda" else 4096),
                          **size)
 
@@ -198,7 +198,7 @@ def run(args, argv: list[str]) -> str:
 
     path = common.write_results(
         "decode", args.out, device, argv, records, model=engine.source,
-        model_name=engine.config.name, hf_baseline=hf_source,
+        model_name=engine.config.name, mode=engine.mode, hf_baseline=hf_source,
         workload=dict(prompts="distinct slices of real text, exactly `context` tokens each (offset 997 * i)",
                       text=texts.corpus_info(), sampling="greedy, ignore_eos, exactly gen_tokens new tokens",
                       warmup=f"{args.warmup} generation(s) of min(gen_tokens, 8) tokens per shape",

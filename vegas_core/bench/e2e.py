@@ -23,6 +23,14 @@ when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (tempe
 top-p 0.9: SmolLM2-135M-Instruct's model-card example; for another model pass its own). Each method
 runs with its tuned (gamma, sparsity) from `python -m vegas_core.bench tune` when a result file for
 this model and device exists (or `--tuned FILE`), else with `--gamma` / `--sparsity`.
+
+Modes (`--modes default deterministic`, or `--deterministic` alone): each mode runs every sampling
+and method on an engine of its own, one mode after the other in the same process, so the records
+(each with its `mode`) compare the batch-invariant kernels (`EngineOptions.deterministic`) with the
+default ones: greedy exact match against the same mode's vanilla, and `vs_default`, a method's
+tokens/s over its default-mode tokens/s. `--alone N` then runs the first N requests again, each by
+itself (its own prefill, batch 1) with the same sampling and seed: `alone_match` is the share whose
+tokens equal what the request got in the batch (1.0 is the batch-invariant mode's promise).
 """
 from __future__ import annotations
 
@@ -51,6 +59,7 @@ SAMPLINGS = {"greedy": dict(temperature=0.0), "model-card": dict(temperature=0.2
 METHODS = [("vanilla", "layer"), ("stream", "layer"), ("quest", "layer"), ("specextend", "layer"),
            ("vegas", "layer"), ("vegas-all", "layer"), ("vegas", "kv-head")]
 GAMMA_SLACK = 17
+MODES = ("default", "deterministic")     # EngineOptions.deterministic False / True
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +72,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tuned", default=None, help="tune result file (default: the latest for this model and device)")
     p.add_argument("--gamma", type=int, default=6, help="gamma without a tuned setting (default: 6)")
     p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
+    p.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
+                   help="run every method in each mode, on an engine of its own (default: deterministic with "
+                        "--deterministic, else default)")
+    p.add_argument("--alone", type=int, default=None, metavar="N",
+                   help="after each run, run its first N requests again one at a time: alone_match "
+                        "(default: 4 on a GPU, 0 on a CPU)")
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(on by default on Hopper and later)")
@@ -336,6 +351,22 @@ def _spread(dts: list[float]) -> dict:
     return dict(median=ms[len(ms) // 2], max=ms[-1], min=ms[0])
 
 
+def alone_check(engine, workload: Workload, sampling, spec, outputs, n: int) -> dict:
+    """Requests 0..n-1 of the workload again, each by itself (prefilled alone, decoded at batch 1),
+    with the same sampling and seed: does each get the tokens it got in the batch (`outputs`)?"""
+    differs = []
+    for i in range(min(n, workload.unique)):
+        req = engine.add(workload.prompts[i], sampling, spec)
+        while not req.finished:
+            engine.step()
+        if engine.result(req).token_ids != outputs[i]:
+            differs.append(i)
+        engine._trackers.pop(req.request_id, None)
+    count = min(n, workload.unique)
+    return dict(alone_match=1 - len(differs) / count if count else None, alone_requests=count,
+                alone_differs=differs)
+
+
 def divergences(engine, prompts, outputs, vanilla_outputs, limit: int = 8) -> list[dict]:
     """Where greedy outputs differ from vanilla's: the first differing position of (up to `limit`)
     requests and the logit gap there, logit(vanilla's token) - logit(this run's token), under
@@ -403,91 +434,136 @@ def run(args, argv: list[str]) -> str:
     methods = parse_methods(args.methods)
     for m, g in methods:      # validate before loading anything
         SpecParams(method=m, granularity=g)
+    # The default mode first: the other's records compare their rate with it (`vs_default`).
+    modes = [m for m in MODES if m in args.modes] if args.modes else \
+        ["deterministic" if args.deterministic else "default"]
     from ..engine import resolve_device
     from ..loader import load_model
     loaded = load_model(args.model)     # the workload needs the tokenizer, the engine's size the workload
-    workload = build_workload(args, loaded.tokenizer, loaded.config, resolve_device(args.device).type == "cuda")
-    engine = engine_for(args, workload, loaded)
-    parents = prefill_parents(engine, workload)
-    itemsize = engine.dtype.itemsize
-    bound = bandwidth_bound(workload, loaded.config, read_weight_bytes(loaded.weights, itemsize), itemsize,
-                            common.copy_bandwidth(engine.device))
-    tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
-    dtype = str(engine.dtype).replace("torch.", "")
-    records, vanilla = [], {}
-    total = len(args.sampling) * len(methods) * len(workload.prompts) * workload.gen_tokens
+    on_gpu = resolve_device(args.device).type == "cuda"
+    workload = build_workload(args, loaded.tokenizer, loaded.config, on_gpu)
+    alone = args.alone if args.alone is not None else (4 if on_gpu else 0)
+    records, vanilla, header = [], {}, {}
+    total = len(modes) * len(args.sampling) * len(methods) * \
+        (len(workload.prompts) + min(alone, workload.unique)) * workload.gen_tokens
     bar = common.progress_bar(total, f"e2e {workload.name}")
     bar.unit = "tok"
     compiles = common.TritonCompiles().install()
-    for sampling_name in args.sampling:
-        sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True, seed=0,
-                                  **SAMPLINGS[sampling_name])
-        for method, gran in methods:
-            key = f"{method}/{gran}"
-            setting = tuned.get(key, {})
-            gamma = int(setting.get("gamma", args.gamma))
-            sparsity = float(setting.get("sparsity", args.sparsity))
-            spec = SpecParams(method=method, granularity=gran, gamma=gamma, sparsity=sparsity,
-                              min_budget=args.min_budget)
-            bar.set_postfix_str(f"{sampling_name} {key}")
-            stats = run_workload(engine, workload, sampling, spec, progress=bar.update, parents=parents,
-                                 compiles=lambda: compiles.count)
-            if method == "vanilla":
-                vanilla[sampling_name] = stats
-            base = vanilla.get(sampling_name)
-            rec = dict(method=method, granularity=gran if method != "vanilla" else None, workload=workload.name,
-                       sampling=sampling_name, batch=workload.batch, context=workload.max_context,
-                       prompt_tokens=list(workload.prompt_range), gen_tokens=workload.gen_tokens,
-                       requests=len(workload.prompts),
-                       gamma=gamma if method != "vanilla" else None,
-                       sparsity=sparsity if method != "vanilla" else None, min_budget=args.min_budget,
-                       tuned=key in tuned, tokens_per_s=stats.tokens_per_s,
-                       mean_acceptance_length=stats.mean_acceptance_length,
-                       per_position_acceptance=stats.per_position_acceptance,
-                       draft_ms=stats.draft_ms, select_ms=stats.select_ms, verify_ms=stats.verify_ms,
-                       iteration_ms=stats.iteration_ms,
-                       select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
-                       speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
-                       of_bound=stats.tokens_per_s / bound["tokens_per_s"],
-                       full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
-                       graph_warmup_steps=stats.warmup_steps, phase_steps=stats.phase_steps,
-                       generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
-                       host_gc=stats.gc, page_adjacency=stats.page_adjacency)
-            if sampling_name == "greedy" and base is not None:
-                same = [a == b for a, b in zip(stats.outputs, base.outputs)]
-                rec["exact_match_vs_vanilla"] = sum(same) / len(same)
-                rec["divergences"] = divergences(engine, workload.prompts, stats.outputs, base.outputs)
-            records.append(rec)
-            path = common.write_results(
-                "e2e", args.out, engine.device, argv, records, model=engine.source, model_name=engine.config.name,
-                dtype=dtype, attention=engine.core.runner.attention, tuned_from=tuned_path,
-                cuda_graphs=engine.core.runner.graphs is not None,
-                kernel_options=kernel_options(engine), linear_configs=_linear_configs(),
-                bandwidth_bound=bound,
-                workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
-                              mean_context=bound["mean_context"], text=texts.corpus_info(), instruction=INSTRUCTIONS[workload.name],
-                              samplings={k: SAMPLINGS[k] for k in args.sampling},
-                              sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
-                                              "top_p 0.9)"),
-                complete=len(records) == len(args.sampling) * len(methods))
+    for mode in modes:
+        engine = engine_for(args, workload, loaded, deterministic=mode == "deterministic")
+        parents = prefill_parents(engine, workload)
+        if not header:     # the machine, the model and the bound: measured once, for every mode
+            header, tuned = _header(args, engine, workload, loaded, modes)
+            bound = header["bandwidth_bound"]
+        for sampling_name in args.sampling:
+            sampling = SamplingParams(max_tokens=workload.gen_tokens, ignore_eos=True, seed=0,
+                                      **SAMPLINGS[sampling_name])
+            for method, gran in methods:
+                key = f"{method}/{gran}"
+                setting = tuned.get(key, {})
+                spec = SpecParams(method=method, granularity=gran, gamma=int(setting.get("gamma", args.gamma)),
+                                  sparsity=float(setting.get("sparsity", args.sparsity)),
+                                  min_budget=args.min_budget)
+                bar.set_postfix_str(f"{mode} {sampling_name} {key}")
+                stats = run_workload(engine, workload, sampling, spec, progress=bar.update, parents=parents,
+                                     compiles=lambda: compiles.count)
+                if method == "vanilla":
+                    vanilla[mode, sampling_name] = stats
+                rec = _record(mode, sampling_name, method, gran, spec, key in tuned, args, workload, stats,
+                              vanilla.get((mode, sampling_name)), bound, records)
+                if sampling_name == "greedy" and (mode, sampling_name) in vanilla:
+                    base = vanilla[mode, sampling_name]
+                    same = [a == b for a, b in zip(stats.outputs, base.outputs)]
+                    rec["exact_match_vs_vanilla"] = sum(same) / len(same)
+                    rec["divergences"] = divergences(engine, workload.prompts, stats.outputs, base.outputs)
+                if alone:
+                    rec.update(alone_check(engine, workload, sampling, spec, stats.outputs, alone))
+                    bar.update(min(alone, workload.unique) * workload.gen_tokens)
+                records.append(rec)
+                path = common.write_results(
+                    "e2e", args.out, engine.device, argv, records, **header,
+                    complete=len(records) == len(modes) * len(args.sampling) * len(methods))
+        device = engine.device
+        del engine, parents
+        _free_device_memory()
     compiles.uninstall()
     bar.close()
-    print_table(records, engine, bound)
+    print_table(records, header, bound, device)
     print(f"wrote {path}")
     return path
 
 
-def engine_for(args, workload: Workload, loaded):
+def _header(args, engine, workload: Workload, loaded, modes) -> tuple[dict, dict]:
+    """The result file's fields besides the records, and the tuned settings."""
+    itemsize = engine.dtype.itemsize
+    bound = bandwidth_bound(workload, loaded.config, read_weight_bytes(loaded.weights, itemsize),
+                            itemsize, common.copy_bandwidth(engine.device))
+    tuned, tuned_path = find_tuned(args.tuned, args.out, engine.config.name, engine.device)
+    header = dict(
+        model=engine.source, model_name=engine.config.name,
+        dtype=str(engine.dtype).replace("torch.", ""), attention=engine.core.runner.attention,
+        tuned_from=tuned_path, cuda_graphs=engine.core.runner.graphs is not None,
+        kernel_options=kernel_options(engine), linear_configs=_linear_configs(),
+        bandwidth_bound=bound, modes=modes,
+        workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
+                      mean_context=bound["mean_context"], text=texts.corpus_info(),
+                      instruction=INSTRUCTIONS[workload.name],
+                      samplings={k: SAMPLINGS[k] for k in args.sampling},
+                      sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
+                                      "top_p 0.9)"))
+    return header, tuned
+
+
+def _record(mode, sampling_name, method, gran, spec, tuned, args, workload, stats, base, bound,
+            records) -> dict:
+    default = next((r for r in records if r["mode"] == "default" and r["sampling"] == sampling_name
+                    and r["method"] == method and r["granularity"] == (gran if method != "vanilla" else None)),
+                   None)
+    speculative = method != "vanilla"
+    return dict(
+        mode=mode, method=method, granularity=gran if speculative else None, workload=workload.name,
+        sampling=sampling_name, batch=workload.batch, context=workload.max_context,
+        prompt_tokens=list(workload.prompt_range), gen_tokens=workload.gen_tokens,
+        requests=len(workload.prompts), gamma=spec.gamma if speculative else None,
+        sparsity=spec.sparsity if speculative else None, min_budget=args.min_budget,
+        tuned=tuned, tokens_per_s=stats.tokens_per_s,
+        mean_acceptance_length=stats.mean_acceptance_length,
+        per_position_acceptance=stats.per_position_acceptance,
+        draft_ms=stats.draft_ms, select_ms=stats.select_ms, verify_ms=stats.verify_ms,
+        iteration_ms=stats.iteration_ms,
+        select_overhead=stats.select_ms / stats.iteration_ms if stats.iteration_ms else None,
+        speedup_vs_vanilla=stats.tokens_per_s / base.tokens_per_s if base and base.tokens_per_s else None,
+        vs_default=stats.tokens_per_s / default["tokens_per_s"]
+        if mode != "default" and default and default["tokens_per_s"] else None,
+        of_bound=stats.tokens_per_s / bound["tokens_per_s"],
+        full_batch_steps=stats.full_steps, decode_steps=stats.decode_steps,
+        graph_warmup_steps=stats.warmup_steps, phase_steps=stats.phase_steps,
+        generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
+        host_gc=stats.gc, page_adjacency=stats.page_adjacency)
+
+
+def _free_device_memory() -> None:
+    """Between modes: the engine's pool and graphs go before the next engine is built."""
+    gc.collect()
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def engine_for(args, workload: Workload, loaded, deterministic: bool | None = None):
     """An engine sized for the workload: the held parents (`prefill_parents`) and `batch`
-    sequences at once, all their pages resident."""
+    sequences at once, all their pages resident (and one more request, `alone_check`'s).
+    `deterministic`: the batch-invariant mode (None: `--deterministic`)."""
     from ..engine import Engine
     from ..options import EngineOptions, KernelOptions
     block = 16
     per_request = -(-(workload.max_context + GAMMA_SLACK) // block) + 1
     seqs = workload.unique + workload.batch
-    opts = EngineOptions(block_size=block, num_blocks=per_request * seqs + 8,
+    if deterministic is None:
+        deterministic = bool(getattr(args, "deterministic", False))
+    opts = EngineOptions(block_size=block, num_blocks=per_request * (seqs + 1) + 8,
                          max_num_seqs=seqs, max_prefill_tokens=16384, attention=args.attention,
-                         cuda_graphs="off" if args.eager else "auto",
+                         cuda_graphs="off" if args.eager else "auto", deterministic=deterministic,
                          kernels=KernelOptions(pdl=not getattr(args, "no_pdl", False)))
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
 
@@ -505,16 +581,20 @@ def kernel_options(engine) -> dict | None:
                 rotary_epilogue=runner.model.rotary_in_qkv())
 
 
-def print_table(records, engine, bound: dict) -> None:
-    cols = ["sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "of bound %", "MAL",
-            "draft ms", "verify ms", "select ms", "select %", "= vanilla", "max gap"]
-    rows = [[r["sampling"], r["method"], r["granularity"] or "-", r["gamma"], r["sparsity"], r["tokens_per_s"],
-             r["speedup_vs_vanilla"], 100 * r["of_bound"], r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
+def print_table(records, header: dict, bound: dict, device) -> None:
+    cols = ["mode", "sampling", "method", "gran.", "gamma", "sparsity", "tok/s", "x vanilla", "x default",
+            "of bound %", "MAL", "draft ms", "verify ms", "select ms", "select %", "= vanilla", "max gap",
+            "alone = batch"]
+    rows = [[r["mode"], r["sampling"], r["method"], r["granularity"] or "-", r["gamma"], r["sparsity"],
+             r["tokens_per_s"], r["speedup_vs_vanilla"], r["vs_default"], 100 * r["of_bound"],
+             r["mean_acceptance_length"], r["draft_ms"], r["verify_ms"], r["select_ms"],
              None if r["select_overhead"] is None else 100 * r["select_overhead"],
              r.get("exact_match_vs_vanilla"),
-             max((d["logit_gap"] for d in r.get("divergences") or []), default=None)] for r in records]
+             max((d["logit_gap"] for d in r.get("divergences") or []), default=None),
+             r.get("alone_match")] for r in records]
     r0 = records[0]
-    common.print_table(f"e2e: {common.device_description(engine.device)}, {r0['workload']} workload, batch "
-                       f"{r0['batch']}, up to {r0['context']} tokens (mean {bound['mean_context']:.0f}), "
-                       f"{r0['requests']} requests; bandwidth bound {bound['tokens_per_s']:,.0f} tok/s "
-                       f"at {bound['copy_TBps']:.3g} TB/s copy", cols, rows)
+    common.print_table(f"e2e: {common.device_description(device)}, {r0['workload']} workload, batch "
+                       f"{r0['batch']}, up to {r0['context']} tokens "
+                       f"(mean {bound['mean_context']:.0f}), {r0['requests']} requests, "
+                       f"{header['dtype']}, {header['attention']} attention; bandwidth bound "
+                       f"{bound['tokens_per_s']:,.0f} tok/s at {bound['copy_TBps']:.3g} TB/s copy", cols, rows)

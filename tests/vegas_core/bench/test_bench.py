@@ -266,6 +266,35 @@ def test_tune_adds_the_last_gamma_of_each_verification_tile():
     assert tile_rows(1, 3) == 16 and tile_rows(17, 8) == 256
 
 
+def test_e2e_runs_the_default_and_deterministic_modes_side_by_side(tmp_path, tiny_model):
+    """`--modes default deterministic` on the kernel path (the interpreter, its dot run row by row
+    as tensor cores run it: tests/row_dot.py): each mode's records, the deterministic ones equal
+    to their vanilla and, rerun alone, to themselves in the batch, and their rate over the
+    default mode's."""
+    from tests.row_dot import row_by_row_dot
+    argv = ["e2e", "--model", tiny_model, "--device", "cpu", "--attention", "triton", "--workload", "small",
+            "--batch", "2", "--prompt-tokens", "30", "40", "--gen-tokens", "5", "--methods", "vanilla", "vegas",
+            "--sampling", "greedy", "model-card", "--gamma", "2", "--sparsity", "0.2",
+            "--modes", "deterministic", "default", "--alone", "1", "--out", str(tmp_path)]
+    with row_by_row_dot():
+        assert main(argv) == 0
+    doc = _load(tmp_path, "e2e")
+    _check_header(doc, argv)
+    assert doc["complete"] and doc["modes"] == ["default", "deterministic"] and doc["attention"] == "triton"
+    recs = doc["records"]
+    assert [(r["mode"], r["sampling"], r["method"]) for r in recs] == [
+        (mode, s, m) for mode in ("default", "deterministic") for s in ("greedy", "model-card")
+        for m in ("vanilla", "vegas")]
+    for r in recs:
+        assert r["alone_requests"] == 1 and r["tokens_per_s"] > 0
+        if r["mode"] == "default":
+            assert r["vs_default"] is None
+            continue
+        assert r["vs_default"] > 0 and r["alone_match"] == 1.0 and r["alone_differs"] == []
+        if r["sampling"] == "greedy":
+            assert r["exact_match_vs_vanilla"] == 1.0 and r["divergences"] == []
+
+
 def test_agreement_compares_the_kernel_and_reference_paths(tmp_path, tiny_model):
     """On the CPU the kernel path runs under Triton's interpreter (tests/conftest.py); in fp32 both
     paths must give the same tokens, and the record says so."""
