@@ -18,8 +18,9 @@ builds its plan itself, from its static buffers, and the same code below runs it
 With `KernelOptions.deterministic` (the batch-invariant mode) every call takes one launch
 (`verify_attention.batch_invariant_launch`; drafts `sparse_attention.INVARIANT_SPLITS` splits, one
 program per KV head), and longer prefill chunks go through `verify_attention` as well, cut into
-pieces of as many rows as its tile holds: a row's attention is then the same bits in a prefill
-chunk of any length, a decode step or a verification, whatever the batch.
+pieces of as many rows as its tile holds, each program folding its splits in place: a row's
+attention is then the same bits in a prefill chunk of any length, a decode step or a
+verification, whatever the batch.
 
 The maths is the reference's (`reference.py`); `tests/vegas_core/test_kernel_backend.py` runs the
 engine both ways under the Triton interpreter and requires the same tokens.
@@ -57,6 +58,7 @@ class _Dense:
     c2q_tile: bool = False           # every collected row is its request's first or last
     logits: torch.Tensor | None = None     # bf16 [L, R, H, W]: collected logits, every layer
     lse: torch.Tensor | None = None        # float32 [L, rows, H], kept when collecting
+    in_program: bool = False         # batch-invariant prefill: splits one after another per program
 
 
 @dataclass
@@ -145,7 +147,8 @@ class KernelBackend:
                 torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
             launch = dict(c2q_tile=g.c2q_tile)
             if self.deterministic:
-                launch = batch_invariant_launch(q.shape[2], q.shape[1] // kc.shape[2])
+                launch = dict(batch_invariant_launch(q.shape[2], q.shape[1] // kc.shape[2]),
+                              splits_in_program=g.in_program)
             verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
                                   max_q=g.max_q, num_splits=g.num_splits,
                                   logits=None if g.logits is None else g.logits[layer],
@@ -264,7 +267,9 @@ class KernelBackend:
             ctx=torch.tensor(ctx, dtype=torch.int32, device=device),
             qloc=torch.tensor(qloc, dtype=torch.int32, device=device),
             max_q=max(b - a for a, b in zip(qloc, qloc[1:])),
-            num_splits=splits(len(ctx), pool.k[0].shape[2], max(ctx)))
+            num_splits=splits(len(ctx), pool.k[0].shape[2], max(ctx)),
+            # A prefill's rows would write one partial state per split each: fold them in place.
+            in_program=bool(piece) and max(s.q_len for s in seqs) > MAX_Q_ROWS)
         if collect:
             rows_t = torch.tensor(collect, dtype=torch.long)
             layers, heads = len(pool.k), q.shape[1]

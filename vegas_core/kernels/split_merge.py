@@ -58,19 +58,44 @@ if triton is not None:
         return last
 
     @triton.jit
+    def fold_online(m, l_sum, o, m_s, l_s, acc_s):
+        """Fold one split's state (max, sum, unnormalised accumulator) into a running one, both
+        rescaled to their common max: the merge of the batch-invariant mode, which
+        `verify_attention` also runs inside one program over splits it attends one after
+        another (the same arithmetic, so the same bits). An empty split (max -1e30, sum 0)
+        leaves the state as it was, exactly."""
+        m_new = tl.maximum(m, m_s)
+        a = tl.exp(m - m_new)
+        b = tl.exp(m_s - m_new)
+        return m_new, l_sum * a + l_s * b, o * a[:, None] + acc_s * b[:, None]
+
+    @triton.jit
     def merge_partials(part_acc_ptr, part_ml_ptr, first, step, num_splits, m_valid, offs_d,
                        d_valid, ACC_STRIDE: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr):
+                       BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, ONLINE: tl.constexpr = False):
         """Combine the splits' partial states of BLOCK_M (row, head) pairs: split ``s`` of pair
         ``i`` is partial ``first[i] + s * step``, with (max, sum) at ``part_ml[2p], [2p + 1]`` and
         the unnormalised accumulator at ``part_acc[p * ACC_STRIDE + d]``. The splits are read in
         order, through L2 (``.cg``: other programs wrote them). Returns (normalised output
         [BLOCK_M, BLOCK_D] float32, log-sum-exp [BLOCK_M]); empty splits (max -1e30, sum 0) weigh
-        exp(-huge) = 0."""
+        exp(-huge) = 0. ONLINE: one pass folding each split in (`fold_online`) instead of the
+        max over all splits first."""
         m_max = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_sum = tl.zeros([BLOCK_M], dtype=tl.float32)
         o = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        if INTERPRET:   # while loops: Triton 3.6's interpreter takes no runtime range() bound
+        if ONLINE and INTERPRET:
+            s = 0
+            while s < num_splits:
+                m_max, l_sum, o = _fold_online_split(part_acc_ptr, part_ml_ptr, first + s * step,
+                                                     m_valid, offs_d, d_valid, m_max, l_sum, o,
+                                                     ACC_STRIDE)
+                s += 1
+        elif ONLINE:
+            for s in range(0, num_splits):
+                m_max, l_sum, o = _fold_online_split(part_acc_ptr, part_ml_ptr, first + s * step,
+                                                     m_valid, offs_d, d_valid, m_max, l_sum, o,
+                                                     ACC_STRIDE)
+        elif INTERPRET:   # while loops: Triton 3.6's interpreter takes no runtime range() bound
             s = 0
             while s < num_splits:
                 m_max = tl.maximum(m_max, _split_max(part_ml_ptr, first + s * step, m_valid))
@@ -88,6 +113,15 @@ if triton is not None:
                                        d_valid, m_max, l_sum, o, ACC_STRIDE)
         l_safe = tl.where(l_sum > 0, l_sum, 1.0)
         return o / l_safe[:, None], m_max + tl.log(l_safe)
+
+    @triton.jit
+    def _fold_online_split(part_acc_ptr, part_ml_ptr, part, m_valid, offs_d, d_valid, m, l_sum, o,
+                           ACC_STRIDE: tl.constexpr):
+        m_s = tl.load(part_ml_ptr + 2 * part, mask=m_valid, other=-1.0e30, cache_modifier=".cg")
+        l_s = tl.load(part_ml_ptr + 2 * part + 1, mask=m_valid, other=0.0, cache_modifier=".cg")
+        acc_s = tl.load(part_acc_ptr + part[:, None] * ACC_STRIDE + offs_d[None, :],
+                        mask=m_valid[:, None] & d_valid[None, :], other=0.0, cache_modifier=".cg")
+        return fold_online(m, l_sum, o, m_s, l_s, acc_s)
 
     @triton.jit
     def _split_max(part_ml_ptr, part, m_valid):

@@ -39,7 +39,7 @@ try:  # Triton is optional: the CPU engine path only needs the reference.
     import triton.language as tl
 
     from .pdl import pdl_wait
-    from .split_merge import last_to_arrive, merge_partials
+    from .split_merge import fold_online, last_to_arrive, merge_partials
 except ImportError:  # pragma: no cover - exercised only where Triton is absent
     triton = None
     tl = None
@@ -359,6 +359,52 @@ if triton is not None:
         return offs_m, offs_d, row, head, m_valid, d_valid, row_pos
 
     @triton.jit
+    def _splits_in_program(q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                           keep_c, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale,
+                           split_keys, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh,
+                           s_gc, s_tb, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                           COLLECT: tl.constexpr, PRECISION: tl.constexpr,
+                           INTERPRET: tl.constexpr):
+        """The batch-invariant mode's splits (keys [s * split_keys, (s + 1) * split_keys)) one
+        after another in this program: each attended from a fresh state, as its own program
+        would, then folded in split order as the merge kernel folds them (`fold_online`), so the
+        bits are those of split programs and a merge, without writing each split's partial state
+        (which for a prefill chunk's thousands of rows is more traffic than the keys).
+        Returns the folded (max, sum, unnormalised accumulator)."""
+        m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+        l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
+        o_run = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        no_pages = tl.zeros([BLOCK_N], dtype=tl.int32)
+        lo = ctx * 0
+        while lo < ctx:
+            hi = tl.minimum(ctx, lo + split_keys)
+            m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+            l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+            if INTERPRET:
+                start = lo
+                while start < hi:
+                    m_i, l_i, acc = _attend_tile(
+                        start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                        keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
+                        scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc,
+                        s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True,
+                        no_pages, False)
+                    start += BLOCK_N
+            else:
+                for start in range(lo, hi, BLOCK_N):
+                    m_i, l_i, acc = _attend_tile(
+                        start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
+                        keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
+                        scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc,
+                        s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True,
+                        no_pages, False)
+            m_run, l_run, o_run = fold_online(m_run, l_run, o_run, m_i, l_i, acc)
+            lo += split_keys
+        return m_run, l_run, o_run
+
+    @triton.jit
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
             part_acc_ptr, part_ml_ptr, cnt_ptr,
@@ -376,7 +422,7 @@ if triton is not None:
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0):
+            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0, SPLIT_SEQ: tl.constexpr = False):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -388,10 +434,13 @@ if triton is not None:
         leaves its
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
-        `_merge_splits_kernel` does, launched after."""
+        `_merge_splits_kernel` does, launched after. SPLIT_SEQ: split_keys' splits one after
+        another in this program instead (`_splits_in_program`; the same bits)."""
         pdl_wait(USE_PDL)
         req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
                                                                      split_keys, BLOCK_N, SPLIT)
+        if SPLIT_SEQ:      # no keys for the loops below: `_splits_in_program` attends them
+            hi = lo
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
             kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
 
@@ -477,6 +526,12 @@ if triton is not None:
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                     BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
+        if SPLIT_SEQ:
+            m_i, l_i, acc = _splits_in_program(
+                q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c, keep_c,
+                k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale, split_keys, s_kb, s_kt,
+                s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE, BLOCK_M,
+                BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, INTERPRET)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -514,12 +569,12 @@ if triton is not None:
     def _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid, offs_d,
                     d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
-                    INTERPRET: tl.constexpr):
+                    INTERPRET: tl.constexpr, ONLINE: tl.constexpr = False):
         """Merge and store the splits of BLOCK_M (row, head) pairs (`merge_partials`): the fused
         merge and `_merge_splits_kernel` both come here, so they give the same bits."""
         o, lse = merge_partials(part_acc_ptr, part_ml_ptr, o_rows * s_pt + head * s_ph, s_ps,
                                 num_splits, m_valid, offs_d, d_valid, HEAD_DIM, BLOCK_M, BLOCK_D,
-                                INTERPRET)
+                                INTERPRET, ONLINE)
         tl.store(out_ptr + o_rows[:, None] * s_ot + head[:, None] * s_oh + offs_d[None, :] * s_od,
                  o.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
         tl.store(lse_ptr + o_rows * s_lt + head * s_lh, lse, mask=m_valid)
@@ -528,18 +583,19 @@ if triton is not None:
     def _merge_splits_kernel(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, heads, num_splits,
                              s_ps, s_pt, s_ph, s_ot, s_oh, s_od, s_lt, s_lh,
                              HEAD_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
-                             BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
+                             BLOCK_D: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr,
+                             ONLINE: tl.constexpr = False):
         """One program per query row: `_merge_rows` over its heads, the same arithmetic in the
         same order as the fused merge, so the two give the same bits (and a collecting call, whose
         path may merge the other way, the same output as one that does not collect). Empty splits
-        carry max -1e30 and weigh exp(-huge) = 0."""
+        carry max -1e30 and weigh exp(-huge) = 0. ONLINE: the batch-invariant mode's fold."""
         pdl_wait(USE_PDL)
         t = tl.program_id(0)
         offs_h = tl.arange(0, BLOCK_H)
         offs_d = tl.arange(0, BLOCK_D)
         _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, t + offs_h * 0, offs_h,
                     offs_h < heads, offs_d, offs_d < HEAD_DIM, num_splits, s_ps, s_pt, s_ph,
-                    s_ot, s_oh, s_od, s_lt, s_lh, HEAD_DIM, BLOCK_H, BLOCK_D, INTERPRET)
+                    s_ot, s_oh, s_od, s_lt, s_lh, HEAD_DIM, BLOCK_H, BLOCK_D, INTERPRET, ONLINE)
 
 
 def _interpreting() -> bool:
@@ -586,8 +642,9 @@ def batch_invariant_launch(head_dim: int, group: int) -> dict:
     - one score tile, the size 17 rows need (a tile's size can change the MMA instruction, so
       a row's dot products; padded rows cost compute, not bandwidth);
     - key splits at fixed positions (`INVARIANT_SPLIT_KEYS`, always split, so every row is merged
-      the same way), with `invariant_num_splits` of them; a split that a row cannot see, or past
-      its context, adds exact zeros to the merge, in split order;
+      the same way), with `invariant_num_splits` of them, folded in split order; a split that a
+      row cannot see, or past its context, leaves the fold as it was (prefill pieces pass
+      ``splits_in_program=True``: the same splits and fold inside one program);
     - every tile masked, no merge by the last split (no atomics), no register cap, no page
       prefetch, collection from the main tile (the first/last tile is another dot)."""
     block_m = tile_rows(MAX_Q_ROWS, group)
@@ -610,7 +667,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
                      max_registers: int | None = None, unmasked_tiles: bool | None = None,
                      page_ahead: int | None = None, block_m: int | None = None,
-                     split_keys: int = 0):
+                     split_keys: int = 0, splits_in_program: bool = False):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
     ``block_n`` keys per tile is independent of the pool's page size; it, ``num_warps`` and
@@ -656,7 +713,8 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
                           unmasked_tiles=unmasked_tiles, page_ahead=page_ahead,
-                          block_m=block_m, split_keys=split_keys)
+                          block_m=block_m, split_keys=split_keys,
+                          splits_in_program=splits_in_program)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
 
 
@@ -668,7 +726,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           max_registers: int | None = None,
                           unmasked_tiles: bool | None = None,
                           page_ahead: int | None = None, block_m: int | None = None,
-                          split_keys: int = 0):
+                          split_keys: int = 0, splits_in_program: bool = False):
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
     for no collection, with ``row_slot`` int32 [total] mapping flat rows to its R rows) and every
@@ -689,8 +747,11 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     rows (default `tile_rows` of ``max_q``; at least ``max_q`` times the GQA group).
     ``split_keys`` > 0: split ``s`` covers keys [s * split_keys, (s + 1) * split_keys) of every
     request (a multiple of ``block_n``; ``num_splits`` of them must cover the longest context),
-    and the splits are merged even when there is one. `batch_invariant_launch` gives all of
-    these for the batch-invariant mode. Returns the launched attention kernel (Triton's compiled
+    and the splits are merged even when there is one, rescaled split by split (`fold_online`).
+    ``splits_in_program`` (with ``split_keys``): one program per (request, KV head) attends those
+    splits one after another and folds them alike: the same bits, no partial states in memory
+    (``num_splits`` is then unused). `batch_invariant_launch` gives all of these for the
+    batch-invariant mode. Returns the launched attention kernel (Triton's compiled
     kernel: `asm`, `n_regs`; for probes), None for an empty batch."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
@@ -706,6 +767,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     if split_keys % block_n:
         raise ValueError(f"split_keys ({split_keys}) must be a multiple of block_n ({block_n})")
+    if splits_in_program and not split_keys:
+        raise ValueError("splits_in_program needs split_keys")
     num_stages = num_stages or cfg.num_stages
     fused_merge = cfg.fused_merge if fused_merge is None else fused_merge
     max_registers = cfg.max_registers if max_registers is None else max_registers
@@ -718,7 +781,9 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
     block_d = max(16, triton.next_power_of_2(dim))
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
-    split = num_splits > 1 or split_keys > 0
+    if splits_in_program:
+        num_splits = 1
+    split = (num_splits > 1 or split_keys > 0) and not splits_in_program
     if split:
         part_acc = torch.empty(num_splits, total, heads, dim, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(num_splits, total, heads, 2, dtype=torch.float32, device=q.device)
@@ -742,11 +807,11 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
         SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead,
+        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead, SPLIT_SEQ=splits_in_program,
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
             part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),
             *lse.stride(), HEAD_DIM=dim, BLOCK_H=max(2, triton.next_power_of_2(heads)),
-            BLOCK_D=block_d, INTERPRET=_interpreting(), **pdl)
+            BLOCK_D=block_d, INTERPRET=_interpreting(), ONLINE=split_keys > 0, **pdl)
     return launched

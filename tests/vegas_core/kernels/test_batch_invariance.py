@@ -75,15 +75,19 @@ LAUNCHES = {"engine": batch_invariant_launch(DIM, HEADS // KV_HEADS),
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_verification_rows_equal_decode_rows_alone_and_in_a_batch(launch):
-    """Request 0 verifies 17 rows at positions 53..69 in a batch of verifications (1 to 17 rows);
-    each of those rows then runs as a one-row decode step alone, and all 17 as decode rows of a
-    24-request batch: the same out, lse and collected logits, bit for bit."""
+    """Request 0 verifies 17 rows at positions 53..69 in a batch of verifications (1 to 17 rows),
+    with split programs and a merge and with the splits folded in each program (prefill's
+    launch); each of those rows then runs as a one-row decode step alone, and all 17 as decode
+    rows of a 24-request batch: the same out, lse and collected logits, bit for bit."""
     kw = LAUNCHES[launch]
     ctx = [70, 44, 90, 23]
     q_lens = [17, 1, 9, 5]
     tables, k, v = _pool(ctx, seed=1)
     q = randn(sum(q_lens), HEADS, DIM, seed=2)
     out, lse, logits = _attend(q, k, v, tables, ctx, q_lens, kw, collect="all")
+    # A prefill's launch: the splits folded inside each program, the same bits.
+    o2, l2, c2 = _attend(q, k, v, tables, ctx, q_lens, dict(kw, splits_in_program=True), collect="all")
+    assert torch.equal(o2, out) and torch.equal(l2, lse) and torch.equal(c2.logits, logits.logits)
     rows = range(17)
     positions = [ctx[0] - 17 + r for r in rows]            # the row's own key is its last one
     for r, p in zip(rows, positions):
