@@ -9,9 +9,11 @@ attention case also shows that the default launch is not invariant (splits follo
 context), so the check can tell the two apart.
 
 `tests.row_dot.row_by_row_dot` runs the interpreter's `tl.dot` one row at a time, as a GPU's
-tensor cores do (OpenBLAS's sgemm under the interpreter does not: see that module).
+tensor cores do (OpenBLAS's sgemm under the interpreter does not: see that module). With
+TRITON_INTERPRET=0 on a GPU the same checks run compiled, which is where that assumption is tested.
 """
 import math
+import os
 
 import pytest
 import torch
@@ -27,21 +29,26 @@ from vegas_core.kernels.verify_attention import batch_invariant_launch, verify_a
 from vegas_core.random_streams import DRAFT, TOKEN, stream_key
 
 BF16 = torch.bfloat16
+# CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.
+DEVICE = "cuda" if os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(autouse=True)
 def _row_dot():
+    if DEVICE != "cpu":       # compiled: the tensor cores' own dot
+        yield
+        return
     with row_by_row_dot():
         yield
 
 
 def randn(*shape, seed, scale=1.0, dtype=BF16):
     g = torch.Generator().manual_seed(seed)
-    return (scale * torch.randn(*shape, generator=g)).to(dtype)
+    return (scale * torch.randn(*shape, generator=g)).to(dtype).to(DEVICE)
 
 
 def _i32(values):
-    return torch.tensor(values, dtype=torch.int32)
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
 
 
 # -- attention ------------------------------------------------------------------------------------
@@ -54,7 +61,7 @@ def _pool(ctx_lens, seed):
     tables, blocks = shuffled_tables([math.ceil(c / PAGE) for c in ctx_lens], 3, g)
     k = torch.randn(blocks, PAGE, KV_HEADS, DIM, generator=g).to(BF16)
     v = torch.randn(blocks, PAGE, KV_HEADS, DIM, generator=g).to(BF16)
-    return tables, k, v
+    return tables.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
 
 
 def _attend(q, k, v, tables, ctx, q_lens, launch, collect="none"):
@@ -134,6 +141,7 @@ def test_draft_rows_alone_and_in_a_batch():
         for h in range(KV_HEADS):
             indices[b, h, :n] = torch.randperm(c - t, generator=g)[:n]
     indices[0, 1:] = indices[0, :1]                 # request 0 selects per layer
+    indices = indices.to(DEVICE)
     kw = dict(num_splits=INVARIANT_SPLITS, packed=False, block_n=16)
     scale = 1 / math.sqrt(DIM)
     tail = _i32([c - t for c, t in zip(ctx, tails)])
@@ -181,8 +189,8 @@ def test_norm_and_rotary_rows():
     qn, kn = randn(d, seed=18), randn(d, seed=19)
 
     def rotate(r):
-        cache = torch.zeros(8, 16, kv, d, dtype=BF16)
-        slots = torch.arange(64)[r] + 40
+        cache = torch.zeros(8, 16, kv, d, dtype=BF16, device=DEVICE)
+        slots = torch.arange(64, device=DEVICE)[r] + 40
         return rotary_qkv(qkv[r], cos[r], sin[r], heads, kv, d, cache, cache.clone(), slots, qn, kn)
     _rows_alone_17_and_64(rotate)
 
@@ -201,6 +209,7 @@ def test_argmax_and_sampling_rows():
                           torch.where(torch.arange(n) % 4 == 0, 0.05, 0.0)])
     keys = torch.tensor([stream_key(i) for i in range(n)])
     pos = torch.randint(0, 1 << 20, (n,), generator=g)
+    logits, params, keys, pos = (t.to(DEVICE) for t in (logits, params, keys, pos))
 
     def pick(rows):
         return logits[rows], params[:, rows], keys[rows], pos[rows]
