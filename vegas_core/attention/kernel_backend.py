@@ -142,9 +142,8 @@ class KernelBackend:
             slot = self.collect_slot(layer)
             lse = g.lse[slot] if g.lse is not None and slot is not None else \
                 torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
-            # A window's keys take the split rule of their own count, not the context's.
             splits = g.num_splits if not window else \
-                min(g.num_splits, default_num_splits(g.ctx.shape[0], kc.shape[2], window + g.max_q - 1))
+                window_splits(g.num_splits, g.ctx.shape[0], kc.shape[2], window, g.max_q)
             verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
                                   max_q=g.max_q, num_splits=splits,
                                   logits=None if g.logits is None or slot is None else g.logits[slot],
@@ -283,6 +282,12 @@ class KernelBackend:
             c.layers = layers
             c.rows_of.update(rows_of)
         return g
+
+
+def window_splits(num_splits: int, batch: int, kv_heads: int, window: int, max_q: int) -> int:
+    """A sliding layer's split of its keys: `default_num_splits`' rule over the at most
+    window + max_q - 1 keys its rows see, not the context (capped at the context's count)."""
+    return min(num_splits, default_num_splits(batch, kv_heads, window + max_q - 1))
 
 
 def collected_layers(windows, num_layers: int) -> tuple[int, ...]:
