@@ -15,6 +15,12 @@ builds its plan itself, from its static buffers, and the same code below runs it
   (`kernels.select.quest_page_scores`), the top pages (`quest_positions`), then `sparse_attention`;
 - longer prefill chunks: the reference's fused SDPA, one request at a time.
 
+Sliding-window layers (`windows`, Gemma 3's local layers) pass their window to the same kernels,
+which start each row at its own window on the device and skip the pages before it: dense groups
+attend windowed and collect nothing (the collected buffers hold the global layers only,
+`collect_slot`), draft groups of every method attend the query's window whole (no selection, no
+Quest scoring), long prefill chunks take the reference's windowed attention.
+
 The maths is the reference's (`reference.py`); `tests/vegas_core/test_kernel_backend.py` runs the
 engine both ways under the Triton interpreter and requires the same tokens.
 """
@@ -31,7 +37,7 @@ from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, collected_row_slots
 
 from ..kv_cache import KVPool
 from ..options import KernelOptions
-from ..spec.select import stream_indices
+from ..spec.select import no_selection, stream_indices
 from ..spec.views import StreamSelection
 from ..transfer import to_device
 from .metadata import AttentionMetadata
@@ -48,8 +54,8 @@ class _Dense:
     num_splits: int
     row_slot: torch.Tensor | None = None   # int32 [rows]: collected slot of each row, -1 if none
     c2q_tile: bool = False           # every collected row is its request's first or last
-    logits: torch.Tensor | None = None     # bf16 [L, R, H, W]: collected logits, every layer
-    lse: torch.Tensor | None = None        # float32 [L, rows, H], kept when collecting
+    logits: torch.Tensor | None = None     # bf16 [Lc, R, H, W]: collected logits, every collecting
+    lse: torch.Tensor | None = None        # layer (`collected_layers`); float32 [Lc, rows, H]
 
 
 @dataclass
@@ -86,11 +92,22 @@ class _Plan:
 class KernelBackend:
     name = "triton"
 
-    def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None):
+    def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None,
+                 windows=()):
         self.scale = scale
         self.pdl = (options or KernelOptions()).pdl
-        self.reference = ReferenceBackend(scale)
+        self.windows = tuple(windows)        # per layer: its sliding window (None: global); () = all global
+        self.reference = ReferenceBackend(scale, windows)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
+        self._slots = {layer: i for i, layer in enumerate(collected_layers(self.windows, len(self.windows)))}
+
+    def _window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
+
+    def collect_slot(self, layer: int) -> int | None:
+        """The layer's row in the collected logits and lse buffers (None: a sliding layer, which
+        collects nothing)."""
+        return self._slots.get(layer) if self.windows else layer
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -108,22 +125,34 @@ class KernelBackend:
             out[g.rows] = self._attend(g, layer, q[g.rows], kc, vc, pool, meta)
         if plan.long:
             kf, vf = pool.flat(layer)
+            window = self._window(layer)
             for i in plan.long:
                 seq = meta.seqs[i]
                 rows = slice(seq.q_start, seq.q_start + seq.q_len)
-                out[rows] = self.reference._dense(layer, i, q[rows], kf, vf, seq, meta).to(q.dtype)
+                o = self.reference._windowed(q[rows], kf, vf, seq, window) if window else \
+                    self.reference._dense(layer, i, q[rows], kf, vf, seq, meta)
+                out[rows] = o.to(q.dtype)
         return out
 
     def _attend(self, g, layer, q, kc, vc, pool, meta) -> torch.Tensor:
         """One group's attention for its rows `q` (the group's rows, in its order)."""
+        window = self._window(layer)
         if isinstance(g, _Dense):
             out = torch.empty_like(q)
-            lse = g.lse[layer] if g.lse is not None else \
+            slot = self.collect_slot(layer)
+            lse = g.lse[slot] if g.lse is not None and slot is not None else \
                 torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+            splits = g.num_splits if not window else \
+                window_splits(g.num_splits, g.ctx.shape[0], kc.shape[2], window, g.max_q)
             verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
-                                  max_q=g.max_q, num_splits=g.num_splits,
-                                  logits=None if g.logits is None else g.logits[layer],
-                                  row_slot=g.row_slot, c2q_tile=g.c2q_tile)
+                                  max_q=g.max_q, num_splits=splits,
+                                  logits=None if g.logits is None or slot is None else g.logits[slot],
+                                  row_slot=g.row_slot, c2q_tile=g.c2q_tile, window=window or 0)
+            return out
+        if window:      # every method drafts a sliding layer with the target's own window
+            out = sparse_attention(q, kc, vc, g.tables, g.ctx, None, None, None, self.scale,
+                                   pdl=self.pdl, window=window)
+            self._window_draft_noted(layer, meta, g, kc.shape[2])
             return out
         if g.num_pages is None:
             out = sparse_attention(q, kc, vc, g.tables, g.ctx, g.indices[layer], g.counts, g.tail,
@@ -140,6 +169,17 @@ class KernelBackend:
                 view.note_positions(layer, idx[j, :, :g.host_counts[j]].long())
         self._recall(layer, q, pool, meta, g, idx)
         return out
+
+    @staticmethod
+    def _window_draft_noted(layer, meta, g: _Sparse, kv_heads: int) -> None:
+        """What the reference notes for a draft of a sliding layer: recall 1 (it sees the
+        target's own window) and, for a Quest trace, an empty set."""
+        for i in g.seqs:
+            view = meta.seqs[i].sparse
+            if view.wants_recall:
+                view.record_recall(layer, 1.0)
+            if getattr(view, "keep_sets", False):
+                view.note_positions(layer, no_selection(view.granularity, kv_heads).to(g.ctx.device))
 
     def _recall(self, layer, q, pool, meta, g: _Sparse, indices) -> None:
         """Attention recall for traces (a full attention per request: trace-on-request only).
@@ -169,7 +209,8 @@ class KernelBackend:
                 fixed.append(i)
         tables = meta.block_tables.to(torch.int32)
         if dense:
-            plan.groups.append(self._dense_group(meta, dense, tables, q, pool))
+            plan.groups.append(self._dense_group(meta, dense, tables, q, pool,
+                                                 collected_layers(self.windows, len(pool.k))))
         if fixed:
             g = self._sparse_group(meta, fixed, tables, device)
             views = [meta.seqs[i].sparse for i in fixed]
@@ -205,7 +246,8 @@ class KernelBackend:
             tail=torch.tensor([s.sparse.base for s in seqs], dtype=torch.int32, device=device))
 
     @staticmethod
-    def _dense_group(meta, members, tables, q, pool: KVPool) -> _Dense:
+    def _dense_group(meta, members, tables, q, pool: KVPool, layers: tuple[int, ...]) -> _Dense:
+        """`layers`: the layers that collect (the buffers' rows, `collected_layers`)."""
         device = q.device
         seqs = [meta.seqs[i] for i in members]
         everything = len(members) == len(meta.seqs)
@@ -229,16 +271,29 @@ class KernelBackend:
             num_splits=default_num_splits(len(members), pool.k[0].shape[2], max(ctx)))
         if collect:
             rows_t = torch.tensor(collect, dtype=torch.long)
-            layers, heads = len(pool.k), q.shape[1]
+            heads = q.shape[1]
             g.row_slot = collected_row_slots(rows_t, qloc[-1]).to(device)
             g.c2q_tile = c2q
-            g.logits = torch.empty(layers, len(collect), heads, max(ctx), dtype=torch.bfloat16,
+            g.logits = torch.empty(len(layers), len(collect), heads, max(ctx), dtype=torch.bfloat16,
                                    device=device)
-            g.lse = torch.empty(layers, qloc[-1], heads, dtype=torch.float32, device=device)
+            g.lse = torch.empty(len(layers), qloc[-1], heads, dtype=torch.float32, device=device)
             c = meta.collector
             c.layer_logits, c.layer_lse, c.row_index = g.logits, g.lse, rows_t.to(device)
+            c.layers = layers
             c.rows_of.update(rows_of)
         return g
+
+
+def window_splits(num_splits: int, batch: int, kv_heads: int, window: int, max_q: int) -> int:
+    """A sliding layer's split of its keys: `default_num_splits`' rule over the at most
+    window + max_q - 1 keys its rows see, not the context (capped at the context's count)."""
+    return min(num_splits, default_num_splits(batch, kv_heads, window + max_q - 1))
+
+
+def collected_layers(windows, num_layers: int) -> tuple[int, ...]:
+    """The layers whose verification logits are collected, in order: all but the sliding-window
+    ones (`windows[layer]` not None; () = none), whose window is small enough to attend whole."""
+    return tuple(i for i in range(num_layers) if not windows or windows[i] is None)
 
 
 def stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor:
