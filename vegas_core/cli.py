@@ -82,6 +82,9 @@ def generate(args) -> int:
     if args.deterministic and engine.mode == "reference":
         print("note: --deterministic applies to the Triton kernel path; the PyTorch reference path "
               "runs as it is", file=sys.stderr)
+    elif args.deterministic and engine.mode != "deterministic":
+        print("note: --deterministic: this model's layers run PyTorch's ops, which are not "
+              "batch-invariant (its attention is)", file=sys.stderr)
     if not args.json:
         print(f"[{engine.source} on {engine.device}, {engine.dtype}, {MODES[engine.mode]}; "
               f"loaded in {engine.load_time_s:.1f} s]", file=sys.stderr)

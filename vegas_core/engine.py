@@ -180,10 +180,12 @@ class Engine:
         `EngineOptions.deterministic`; every method's greedy output equals vanilla's bit for bit),
         "default" (the kernels' fastest launches; in bf16 near-ties may break differently from one
         batch to another) or "reference" (the PyTorch reference path, which has no
-        batch-invariant mode: in float32 its outputs have matched without one)."""
-        if not self.core.runner.kernels:
+        batch-invariant mode: in float32 its outputs have matched without one). A model whose
+        layers run PyTorch's ops around the kernels (Gemma 3: `gemma.py`) is "default" even so."""
+        runner = self.core.runner
+        if not runner.kernels:
             return "reference"
-        return "deterministic" if self.core.options.deterministic else "default"
+        return "deterministic" if runner.model.deterministic else "default"
 
     # -- prompts -------------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[int], chat: bool = False,

@@ -192,8 +192,8 @@ class GraphRunner:
         self.mempool = torch.cuda.graph_pool_handle() if capture else None
         self.captures = 0                    # graphs made so far (benchmarks skip those steps)
         self._indices: torch.Tensor | None = None          # [L, B, kv_heads, W] int32
-        self._logits: torch.Tensor | None = None           # [L, R, H, W] bf16
-        self._lse: torch.Tensor | None = None              # [L, T, H] float32
+        self._logits: torch.Tensor | None = None           # [global layers, R, H, W] bf16
+        self._lse: torch.Tensor | None = None              # [global layers, T, H] float32
         self._hist = torch.zeros(MAX_CHAIN, self.max_batch, dtype=torch.int64, device=runner.device)
         self._qhist: torch.Tensor | None = None    # [MAX_CHAIN, B, V]: sampled drafts' distributions
         self._tables_sig = self._indices_sig = None
@@ -430,6 +430,7 @@ class GraphRunner:
         logits, lse = self._collect_buffers(key)
         at = self.buf.offsets["crow"]
         collector.layer_logits, collector.layer_lse = logits[:, :len(rows)], lse[:, :t]
+        collector.layers = self.runner.config.global_layers
         collector.row_index = self.buf.dev[at:at + len(rows)]      # uploaded with this step
 
     def _fill_draft(self, entries, key: GraphKey) -> None:
@@ -468,8 +469,9 @@ class GraphRunner:
         return self._indices
 
     def _collect_buffers(self, key: GraphKey) -> tuple[torch.Tensor, torch.Tensor]:
-        """Whole-model collected logits and lse, grown (and the graphs writing them dropped) when
-        a key needs more rows than they hold."""
+        """Whole-model collected logits and lse (every global layer: a sliding-window layer
+        collects nothing), grown (and the graphs writing them dropped) when a key needs more rows
+        than they hold."""
         rows = 2 * key.batch if key.collect == 2 else key.tokens
         if self._logits is None or self._logits.shape[1] < rows or self._lse.shape[1] < key.tokens:
             cfg = self.runner.config
@@ -477,9 +479,10 @@ class GraphRunner:
             tokens = max(key.tokens, 0 if self._lse is None else self._lse.shape[1])
             self.graphs = {k: g for k, g in self.graphs.items() if not k.collect}
             self._logits = self._lse = None
-            self._logits = torch.empty(cfg.num_layers, rows, cfg.num_heads, self.width,
+            layers = len(cfg.global_layers)
+            self._logits = torch.empty(layers, rows, cfg.num_heads, self.width,
                                        dtype=torch.bfloat16, device=self.runner.device)
-            self._lse = torch.empty(cfg.num_layers, tokens, cfg.num_heads, dtype=torch.float32,
+            self._lse = torch.empty(layers, tokens, cfg.num_heads, dtype=torch.float32,
                                     device=self.runner.device)
         return self._logits, self._lse
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .architectures import attention_for, build_causal_lm
+from .architectures import build_causal_lm
 from .attention import AttentionMetadata, DecodeBatch, LogitCollector, ReferenceBackend, SeqAttention
 from .block_manager import BlockAllocator
 from .config import ModelConfig
@@ -77,14 +77,14 @@ class ModelRunner:
         self.options = options
         self.block_size = options.block_size
         self.pool = KVPool(config, num_blocks, self.block_size, dtype, device)
-        self.attention = attention_for(config, options.attention,
-                                       resolve_attention(options.attention, torch.device(device)))
+        self.attention = resolve_attention(options.attention, torch.device(device))
         self.page_bounds = None
         if self.attention == "triton":
             from .attention.kernel_backend import KernelBackend
             from .attention.page_bounds import PageBounds
             self.page_bounds = PageBounds(self.pool)
-            backend = KernelBackend(config.attention_scale, self.page_bounds, options.kernels)
+            backend = KernelBackend(config.attention_scale, self.page_bounds, options.kernels,
+                                    windows=config.layer_windows)
             kernels = options.kernels
         else:
             backend, kernels = ReferenceBackend(scale=config.attention_scale, windows=config.layer_windows), None

@@ -1,6 +1,6 @@
-"""Which forward a config gets, and the kernel path refused for Gemma 3 (the fused kernels are
-SwiGLU / plain RMSNorm and the attention kernels have no sliding window): "auto" falls back to
-the reference, an explicit "triton" is refused with the reason in one line."""
+"""Which forward a config gets, and Gemma 3 on the kernel path: its attention backend takes each
+layer's sliding window (the kernels' window tests: tests/vegas_core/kernels/; the engine on it:
+tests/vegas_core/test_kernel_backend.py)."""
 import dataclasses
 
 import pytest
@@ -8,9 +8,8 @@ import torch
 
 from vegas_core.options import EngineOptions
 
-from vegas_core.architectures import attention_for, build_causal_lm, kernel_path_unsupported
+from vegas_core.architectures import build_causal_lm
 from vegas_core.config import ModelConfig
-from vegas_core.errors import InvalidRequestError
 from vegas_core.gemma import GemmaCausalLM
 from vegas_core.model import CausalLM
 
@@ -25,22 +24,21 @@ def test_each_architecture_gets_its_forward():
     assert isinstance(build_causal_lm(GEMMA), GemmaCausalLM)
 
 
-def test_gemma_stays_on_the_reference_path():
-    assert kernel_path_unsupported(LLAMA) is None
-    assert attention_for(LLAMA, "auto", "triton") == "triton"
-    assert attention_for(GEMMA, "auto", "triton") == "reference"
-    assert attention_for(GEMMA, "reference", "reference") == "reference"
-    with pytest.raises(InvalidRequestError, match="cannot run gemma3: .*sliding window; use attention='reference'") as e:
-        attention_for(GEMMA, "triton", "triton")
-    assert "\n" not in str(e.value)
-
-
-def test_a_model_runner_asked_for_kernels_refuses_gemma():
-    from vegas_core.model_runner import ModelRunner
+@pytest.mark.parametrize("attention", ["auto", "triton"])
+def test_gemma_runs_on_the_kernel_path(attention):
+    """Nothing refuses Gemma on the kernel path ("auto" takes it on a GPU; "triton" here runs
+    under the interpreter): its backend knows the windows, and only the global layer has a row
+    in the collected buffers."""
+    from vegas_core.model_runner import ModelRunner, resolve_attention
+    device = torch.device("cpu")
     weights = {k: v.clone() for k, v in build_causal_lm(GEMMA).state_dict().items()}
-    with pytest.raises(InvalidRequestError, match="attention='triton' cannot run gemma3"):
-        ModelRunner(GEMMA, weights, torch.device("cpu"), torch.float32, num_blocks=4,
-                    options=EngineOptions(block_size=4, attention="triton"))
+    runner = ModelRunner(GEMMA, weights, device, torch.float32, num_blocks=4,
+                         options=EngineOptions(block_size=4, attention=attention))
+    assert runner.attention == resolve_attention(attention, device)
+    if attention == "triton":
+        backend = runner.model.backend
+        assert runner.kernels and backend.windows == (4, None)
+        assert backend.collect_slot(0) is None and backend.collect_slot(1) == 0
 
 
 def test_layer_windows_and_kv_reads():

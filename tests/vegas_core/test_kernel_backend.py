@@ -91,3 +91,100 @@ def test_quest_page_must_be_a_block_on_the_kernel_path(tiny):
 def test_attention_choice_is_checked(tiny):
     with pytest.raises(InvalidRequestError, match="attention must be one of"):
         _core(tiny, "fast")
+
+
+# -- a hybrid model: Gemma 3's sliding-window layers on the kernel path --------------------------
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    """TINY_GEMMA3 (layers sliding, sliding, global, sliding) with a window of 16, so prompts of
+    40 and more move it on and a 12-row prefill chunk lies across it."""
+    from tests.vegas_core.conftest import TINY_GEMMA3, build_tiny_hf_model
+    path, _ = build_tiny_hf_model(tmp_path_factory.mktemp("gemma"), "gemma3", seed=5,
+                                  **{**TINY_GEMMA3, "sliding_window": 16})
+    return load_model(path)
+
+
+def test_gemma_forwards_on_the_kernel_path_match_the_reference(tiny_gemma):
+    """Each forward the kernel path runs on a hybrid model gives the reference path's logits
+    (fp32, 1e-4): one prefill step holding a 40-token prompt (the windowed SDPA) and a 12-token
+    one (the verification kernel, windowed on sliding layers), a verification of 5 and 3 rows
+    collecting Collect-2-Query's rows (the kernel's collected buffers hold the one global layer,
+    its logits equal to the reference's within bf16), and a draft step (the sparse kernel: the
+    query's window on sliding layers, the selection on the global one)."""
+    from vegas_core.attention import LogitCollector
+    from vegas_core.block_manager import BlockAllocator
+    from vegas_core.model_runner import BatchEntry, ModelRunner
+    from vegas_core.spec.views import FixedSelection
+    cfg = tiny_gemma.config
+    runners = {a: ModelRunner(cfg, tiny_gemma.weights, torch.device(DEVICE), torch.float32, num_blocks=32,
+                              options=EngineOptions(block_size=16, attention=a, cuda_graphs="off"))
+               for a in ("reference", "triton")}
+    alloc = BlockAllocator(32, 16)
+    alloc.ensure(0, 47)
+    alloc.ensure(1, 17)
+    g = torch.Generator().manual_seed(4)
+    ids = lambda n: torch.randint(0, 262, (n,), generator=g).tolist()   # noqa: E731
+    a, b, va, vb = ids(40), ids(12), ids(5), ids(3)
+    sets = [torch.randperm(40, generator=g)[None, :6].sort().values for _ in range(cfg.num_layers)]
+    steps = [
+        ([BatchEntry(0, a, 0, logits="last"), BatchEntry(1, b, 0, logits="all")], None),
+        ([BatchEntry(0, va, 40, collect_rows=[0, 4], logits="all"),
+          BatchEntry(1, vb, 12, collect_rows=[0, 2], logits="all")], "collect"),
+        ([BatchEntry(0, ids(1), 45, sparse=FixedSelection(45, 6, sets), logits="last"),
+          BatchEntry(1, ids(1), 15, sparse=FixedSelection(15, 6, [s % 12 for s in sets]), logits="last")], None),
+    ]
+    for entries, collect in steps:
+        got = {}
+        for name, runner in runners.items():
+            collector = LogitCollector() if collect else None
+            got[name] = (runner.forward(entries, alloc, collector), collector)
+        torch.testing.assert_close(got["triton"][0], got["reference"][0], atol=1e-4, rtol=1e-4)
+    ref = ker = None
+    # The verification step's collection, compared layer by layer.
+    for name, runner in runners.items():
+        collector = LogitCollector()
+        runner.forward(steps[1][0], alloc, collector)
+        if name == "reference":
+            ref = collector
+        else:
+            ker = collector
+    assert ker.layers == cfg.global_layers == (2,) and ker.layer_logits.shape[0] == 1
+    assert all(set(layers) == {2} for layers in ref.logits.values())
+    logits, lse = ker.stacked()
+    for i, upto in ((0, 40), (1, 12)):
+        rows = ker.rows_of[i]
+        want = ref.logits[i][2]
+        torch.testing.assert_close(logits[0, rows, :, :upto].float(), want, atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(lse[0, rows], ref.lse[i][2], atol=1e-4, rtol=1e-4)
+
+
+def test_gemma_every_method_on_the_kernel_path_equals_vanilla(tiny_gemma):
+    """A hybrid model on the kernel path through the CUDA-graph path's static buffers (captured
+    on a GPU): every method's greedy tokens equal vanilla's, which equal the reference path's;
+    the verification-guided methods and Quest select on the global layer only (the sliding
+    layers' sets are empty), as on the reference path (spec/test_hybrid_lossless.py)."""
+    from tests.vegas_core.spec.test_hybrid_lossless import _selected_layers
+    graphs = "auto" if DEVICE == "cuda" else "static"
+    specs = [SpecParams(method=m, gamma=3, sparsity=0.25, min_budget=4, granularity=gran)
+             for m, gran in (("stream", "layer"), ("quest", "layer"), ("specextend", "layer"),
+                             ("vegas", "layer"), ("vegas", "kv-head"), ("vegas-all", "layer"))]
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, 262, (n,), generator=g).tolist() for n in (9, 45)]
+    sampling = SamplingParams(max_tokens=8, ignore_eos=True)
+    outputs = {}
+    for attention, graph in (("reference", "off"), ("triton", graphs)):
+        opts = EngineOptions(block_size=16, num_blocks=64, max_num_seqs=16, trace=True,
+                             attention=attention, cuda_graphs=graph)
+        core = EngineCore(tiny_gemma.config, tiny_gemma.weights, DEVICE, torch.float32, opts)
+        parents, children = run_forked(core, prompts, sampling, specs)
+        outputs[attention] = [p.output_ids for p in parents]
+        for spec, reqs in children.items():
+            assert [r.output_ids for r in reqs] == outputs[attention], (attention, spec)
+        assert core.allocator.num_free == core.allocator.num_blocks
+    assert outputs["triton"] == outputs["reference"]
+    kinds = {(k.kind, k.collect) for k in core.runner.graphs.graphs}
+    # decode, verifications collecting (the children's mixed rows: the main tile), fixed drafts
+    assert {("dense", 0), ("dense", 1), ("fixed", 0)} <= kinds, kinds
+    for method in ("quest", "specextend", "vegas", "vegas-all"):
+        assert _selected_layers(children, method) == {2}, method

@@ -15,6 +15,12 @@ builds its plan itself, from its static buffers, and the same code below runs it
   (`kernels.select.quest_page_scores`), the top pages (`quest_positions`), then `sparse_attention`;
 - longer prefill chunks: the reference's fused SDPA, one request at a time.
 
+Sliding-window layers (`windows`, Gemma 3's local layers) pass their window to the same kernels,
+which start each row at its own window on the device and skip the pages before it: dense groups
+attend windowed and collect nothing (the collected buffers hold the global layers only,
+`collect_slot`), draft groups of every method attend the query's window whole (no selection, no
+Quest scoring), long prefill chunks take the reference's windowed attention.
+
 With `KernelOptions.deterministic` (the batch-invariant mode) every call takes one launch
 (`verify_attention.batch_invariant_launch`; drafts `sparse_attention.INVARIANT_SPLITS` splits, one
 program per KV head), and longer prefill chunks go through `verify_attention` as well, cut into
@@ -39,7 +45,7 @@ from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, batch_invariant_lau
 
 from ..kv_cache import KVPool
 from ..options import KernelOptions
-from ..spec.select import stream_indices
+from ..spec.select import no_selection, stream_indices
 from ..spec.views import StreamSelection
 from ..transfer import to_device
 from .metadata import AttentionMetadata
@@ -56,8 +62,8 @@ class _Dense:
     num_splits: int
     row_slot: torch.Tensor | None = None   # int32 [rows]: collected slot of each row, -1 if none
     c2q_tile: bool = False           # every collected row is its request's first or last
-    logits: torch.Tensor | None = None     # bf16 [L, R, H, W]: collected logits, every layer
-    lse: torch.Tensor | None = None        # float32 [L, rows, H], kept when collecting
+    logits: torch.Tensor | None = None     # bf16 [Lc, R, H, W]: collected logits, every collecting
+    lse: torch.Tensor | None = None        # layer (`collected_layers`); float32 [Lc, rows, H]
     in_program: bool = False         # batch-invariant prefill: splits one after another per program
 
 
@@ -95,15 +101,26 @@ class _Plan:
 class KernelBackend:
     name = "triton"
 
-    def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None):
+    def __init__(self, scale: float, quest_bounds=None, options: KernelOptions | None = None,
+                 windows=()):
         self.scale = scale
         options = options or KernelOptions()
         self.pdl = options.pdl
         self.deterministic = options.deterministic
-        self.reference = ReferenceBackend(scale)
+        self.windows = tuple(windows)        # per layer: its sliding window (None: global); () = all global
+        self.reference = ReferenceBackend(scale, windows)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
+        self._slots = {layer: i for i, layer in enumerate(collected_layers(self.windows, len(self.windows)))}
         # Draft launches beyond the default ones: fixed splits, one program per KV head.
         self._sparse = dict(num_splits=INVARIANT_SPLITS, packed=False) if self.deterministic else {}
+
+    def _window(self, layer: int) -> int | None:
+        return self.windows[layer] if self.windows else None
+
+    def collect_slot(self, layer: int) -> int | None:
+        """The layer's row in the collected logits and lse buffers (None: a sliding layer, which
+        collects nothing)."""
+        return self._slots.get(layer) if self.windows else layer
 
     def dense_splits(self, batch: int, kv_heads: int, max_ctx: int) -> int:
         """Context splits of a dense (verification, decode, prefill) call."""
@@ -133,26 +150,39 @@ class KernelBackend:
             out[g.rows] = self._attend(g, layer, q[g.rows], kc, vc, pool, meta)
         if plan.long:
             kf, vf = pool.flat(layer)
+            window = self._window(layer)
             for i in plan.long:
                 seq = meta.seqs[i]
                 rows = slice(seq.q_start, seq.q_start + seq.q_len)
-                out[rows] = self.reference._dense(layer, i, q[rows], kf, vf, seq, meta).to(q.dtype)
+                o = self.reference._windowed(q[rows], kf, vf, seq, window) if window else \
+                    self.reference._dense(layer, i, q[rows], kf, vf, seq, meta)
+                out[rows] = o.to(q.dtype)
         return out
 
     def _attend(self, g, layer, q, kc, vc, pool, meta) -> torch.Tensor:
         """One group's attention for its rows `q` (the group's rows, in its order)."""
+        window = self._window(layer)
         if isinstance(g, _Dense):
             out = torch.empty_like(q)
-            lse = g.lse[layer] if g.lse is not None else \
+            slot = self.collect_slot(layer)
+            lse = g.lse[slot] if g.lse is not None and slot is not None else \
                 torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
             launch = dict(c2q_tile=g.c2q_tile)
-            if self.deterministic:
+            splits = g.num_splits
+            if self.deterministic:      # splits at fixed positions, windowed or not
                 launch = dict(batch_invariant_launch(q.shape[2], q.shape[1] // kc.shape[2]),
                               splits_in_program=g.in_program)
+            elif window:
+                splits = window_splits(g.num_splits, g.ctx.shape[0], kc.shape[2], window, g.max_q)
             verify_attention_into(q, kc, vc, g.tables, g.ctx, g.qloc, self.scale, out, lse,
-                                  max_q=g.max_q, num_splits=g.num_splits,
-                                  logits=None if g.logits is None else g.logits[layer],
-                                  row_slot=g.row_slot, **launch)
+                                  max_q=g.max_q, num_splits=splits,
+                                  logits=None if g.logits is None or slot is None else g.logits[slot],
+                                  row_slot=g.row_slot, window=window or 0, **launch)
+            return out
+        if window:      # every method drafts a sliding layer with the target's own window
+            out = sparse_attention(q, kc, vc, g.tables, g.ctx, None, None, None, self.scale,
+                                   pdl=self.pdl, window=window, **self._sparse)
+            self._window_draft_noted(layer, meta, g, kc.shape[2])
             return out
         if g.num_pages is None:
             out = sparse_attention(q, kc, vc, g.tables, g.ctx, g.indices[layer], g.counts, g.tail,
@@ -170,6 +200,17 @@ class KernelBackend:
                 view.note_positions(layer, idx[j, :, :g.host_counts[j]].long())
         self._recall(layer, q, pool, meta, g, idx)
         return out
+
+    @staticmethod
+    def _window_draft_noted(layer, meta, g: _Sparse, kv_heads: int) -> None:
+        """What the reference notes for a draft of a sliding layer: recall 1 (it sees the
+        target's own window) and, for a Quest trace, an empty set."""
+        for i in g.seqs:
+            view = meta.seqs[i].sparse
+            if view.wants_recall:
+                view.record_recall(layer, 1.0)
+            if getattr(view, "keep_sets", False):
+                view.note_positions(layer, no_selection(view.granularity, kv_heads).to(g.ctx.device))
 
     def _recall(self, layer, q, pool, meta, g: _Sparse, indices) -> None:
         """Attention recall for traces (a full attention per request: trace-on-request only).
@@ -200,8 +241,9 @@ class KernelBackend:
         tables = meta.block_tables.to(torch.int32)
         if dense:
             piece = self.dense_rows(q.shape[1] // pool.k[0].shape[2]) if self.deterministic else 0
-            plan.groups.append(self._dense_group(meta, dense, tables, q, pool, self.dense_splits,
-                                                 piece))
+            plan.groups.append(self._dense_group(meta, dense, tables, q, pool,
+                                                 collected_layers(self.windows, len(pool.k)),
+                                                 self.dense_splits, piece))
         if fixed:
             g = self._sparse_group(meta, fixed, tables, device)
             views = [meta.seqs[i].sparse for i in fixed]
@@ -237,10 +279,12 @@ class KernelBackend:
             tail=torch.tensor([s.sparse.base for s in seqs], dtype=torch.int32, device=device))
 
     @staticmethod
-    def _dense_group(meta, members, tables, q, pool: KVPool, splits, piece: int = 0) -> _Dense:
-        """`piece` > 0: requests of more rows are attended as pieces of at most `piece` rows,
-        each a request of the kernel with the context of its last row (`splits` gives the split
-        count from the batch size, KV heads and longest context)."""
+    def _dense_group(meta, members, tables, q, pool: KVPool, layers: tuple[int, ...], splits,
+                     piece: int = 0) -> _Dense:
+        """`layers`: the layers that collect (the buffers' rows, `collected_layers`). `piece` > 0:
+        requests of more rows are attended as pieces of at most `piece` rows, each a request of
+        the kernel with the context of its last row (`splits` gives the split count from the
+        batch size, KV heads and longest context)."""
         device = q.device
         seqs = [meta.seqs[i] for i in members]
         qloc, rows, collect, rows_of, c2q = [0], [], [], {}, True
@@ -272,16 +316,29 @@ class KernelBackend:
             in_program=bool(piece) and max(s.q_len for s in seqs) > MAX_Q_ROWS)
         if collect:
             rows_t = torch.tensor(collect, dtype=torch.long)
-            layers, heads = len(pool.k), q.shape[1]
+            heads = q.shape[1]
             g.row_slot = collected_row_slots(rows_t, qloc[-1]).to(device)
             g.c2q_tile = c2q
-            g.logits = torch.empty(layers, len(collect), heads, max(ctx), dtype=torch.bfloat16,
+            g.logits = torch.empty(len(layers), len(collect), heads, max(ctx), dtype=torch.bfloat16,
                                    device=device)
-            g.lse = torch.empty(layers, qloc[-1], heads, dtype=torch.float32, device=device)
+            g.lse = torch.empty(len(layers), qloc[-1], heads, dtype=torch.float32, device=device)
             c = meta.collector
             c.layer_logits, c.layer_lse, c.row_index = g.logits, g.lse, rows_t.to(device)
+            c.layers = layers
             c.rows_of.update(rows_of)
         return g
+
+
+def window_splits(num_splits: int, batch: int, kv_heads: int, window: int, max_q: int) -> int:
+    """A sliding layer's split of its keys: `default_num_splits`' rule over the at most
+    window + max_q - 1 keys its rows see, not the context (capped at the context's count)."""
+    return min(num_splits, default_num_splits(batch, kv_heads, window + max_q - 1))
+
+
+def collected_layers(windows, num_layers: int) -> tuple[int, ...]:
+    """The layers whose verification logits are collected, in order: all but the sliding-window
+    ones (`windows[layer]` not None; () = none), whose window is small enough to attend whole."""
+    return tuple(i for i in range(num_layers) if not windows or windows[i] is None)
 
 
 def stack_indices(views, device, kv_heads: int, num_layers: int) -> torch.Tensor:

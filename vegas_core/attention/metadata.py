@@ -48,10 +48,13 @@ class LogitCollector:
     # W >= the longest), `layer_lse` float32 [L, T, H] over the verification's T rows,
     # `row_index` int64 [R] on the device (row r of the logits is row row_index[r] of the lse),
     # and `rows_of[i]`: which of the R rows belong to request index i (in its row order).
+    # `layers`: the model layers those L rows are (None: every layer; a sliding-window layer
+    # collects nothing, so a hybrid model's buffers hold its global layers only).
     layer_logits: torch.Tensor | None = None
     layer_lse: torch.Tensor | None = None
     row_index: torch.Tensor | None = None
     rows_of: dict[int, list[int]] = field(default_factory=dict)
+    layers: tuple[int, ...] | None = None
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits [L, R, H, W], lse [L, R, H]) of the collected rows, for the batched selection."""

@@ -20,7 +20,9 @@ Throughput: tokens emitted by decode steps / wall time of those steps, counting 
 the full batch (the stable rate; prefill steps, the draining tail, the steps that captured a
 CUDA graph and those during which Triton compiled a kernel are left out; every decode step counts
 when none ran full). Samplings: `greedy` (temperature 0) and `model-card` (temperature 0.2,
-top-p 0.9: SmolLM2-135M-Instruct's model-card example; for another model pass its own). Each method
+top-p 0.9: SmolLM2-135M-Instruct's model-card example); for Qwen2.5-Coder, `qwen-card` (its
+generation config's temperature 0.7, top-p 0.8, top-k 20; its repetition penalty 1.05 left out:
+the engine has none, and rejection sampling needs the target's own distribution). Each method
 runs with its tuned (gamma, sparsity) from `python -m vegas_core.bench tune` when a result file for
 this model and device exists (or `--tuned FILE`), else with `--gamma` / `--sparsity`.
 
@@ -54,7 +56,11 @@ INSTRUCTIONS = {
     "long-input": "Summarise what the following source file provides:\n\n",
     "small": "Explain what this code does:\n\n",
 }
-SAMPLINGS = {"greedy": dict(temperature=0.0), "model-card": dict(temperature=0.2, top_p=0.9)}
+SAMPLINGS = {"greedy": dict(temperature=0.0), "model-card": dict(temperature=0.2, top_p=0.9),
+             "qwen-card": dict(temperature=0.7, top_p=0.8, top_k=20)}
+SAMPLING_SOURCES = {"model-card": "SmolLM2-135M-Instruct's model-card example",
+                    "qwen-card": "Qwen2.5-Coder-Instruct's generation_config.json, without its "
+                                 "repetition_penalty 1.05 (the engine has none)"}
 # (method, granularity): vanilla, the baselines, and Vegas at both granularities.
 METHODS = [("vanilla", "layer"), ("stream", "layer"), ("quest", "layer"), ("specextend", "layer"),
            ("vegas", "layer"), ("vegas-all", "layer"), ("vegas", "kv-head")]
@@ -509,8 +515,8 @@ def _header(args, engine, workload: Workload, loaded, modes) -> tuple[dict, dict
                       mean_context=bound["mean_context"], text=texts.corpus_info(),
                       instruction=INSTRUCTIONS[workload.name],
                       samplings={k: SAMPLINGS[k] for k in args.sampling},
-                      sampling_source="model-card: SmolLM2-135M-Instruct's example (temperature 0.2, "
-                                      "top_p 0.9)"))
+                      sampling_source={k: SAMPLING_SOURCES[k] for k in args.sampling
+                                       if k in SAMPLING_SOURCES}))
     return header, tuned
 
 

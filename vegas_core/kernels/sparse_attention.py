@@ -19,6 +19,11 @@ Contract (both functions):
 - ``tail_start`` int32 ``[B]``: positions ``[tail_start[b], context_lens[b])`` (the entries written
   since the last verification, the query's own included) are attended by every group as well.
 - Grouped-query: query head ``h`` reads KV head ``h // (H // KVH)``.
+- ``window`` (0: none): a sliding-window layer (Gemma 3's local layers), which drafts with the
+  target's own attention: the selection is not read (``indices``, ``index_counts`` and
+  ``tail_start`` may be None) and the request attends positions ``[max(0, ctx - window), ctx)``,
+  the query's window (keys ``> p - window`` for the query at ``p = ctx - 1``), computed on the
+  device from ``context_lens``.
 
 Returns ``out`` ``[B, H, d]`` in ``q``'s dtype: softmax of ``scale * q.k`` over the selected and
 tail keys, times their values (no other mask). A request whose attended set is empty (count 0 and
@@ -64,21 +69,26 @@ if triton is not None:
 
 
 def sparse_attention_reference(q, k_cache, v_cache, block_tables, context_lens, indices,
-                               index_counts, tail_start, scale: float):
+                               index_counts, tail_start, scale: float, window: int = 0):
     """Plain PyTorch, one request and one KV head at a time, float32 maths (see the module
     docstring)."""
     batch, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
-    groups = indices.shape[1]
+    groups = 1 if window else indices.shape[1]
     k_flat = k_cache.reshape(-1, kv_heads, dim)
     v_flat = v_cache.reshape(-1, kv_heads, dim)
     out = torch.empty_like(q)
     for b in range(batch):
-        ctx, count, base = int(context_lens[b]), int(index_counts[b]), int(tail_start[b])
+        ctx = int(context_lens[b])
+        if window:     # the query's own window, no selection
+            count, base = 0, max(0, ctx - window)
+        else:
+            count, base = int(index_counts[b]), int(tail_start[b])
         tail = torch.arange(base, ctx, device=q.device)
         for kvh in range(kv_heads):
-            selected = indices[b, kvh if groups == kv_heads else 0, :count].long()  # padding unread
+            selected = indices[b, kvh if groups == kv_heads else 0, :count].long() if count \
+                else torch.empty(0, dtype=torch.long, device=q.device)             # padding unread
             pos = torch.cat([selected, tail])                                     # [m]
             slots = block_tables[b].long()[pos // block_size] * block_size + pos % block_size
             keys = k_flat[slots, kvh].float()                                    # [m, d]
@@ -217,7 +227,8 @@ if triton is not None:
             GROUP: tl.constexpr, KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
             SPLIT: tl.constexpr, PACKED: tl.constexpr,
-            PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr):
+            PRECISION: tl.constexpr, INTERPRET: tl.constexpr, USE_PDL: tl.constexpr,
+            WINDOW: tl.constexpr = 0):
         """One program = one request x one KV head x one split: the GROUP query heads of the KV head
         are the rows of the BLOCK_M tile; PACKED (one selection for every KV head): one request x one
         split, all query heads in the tile (`_sparse_tile_packed`), grid axis 1 of size 1. Without
@@ -231,8 +242,12 @@ if triton is not None:
         kvh = tl.program_id(1)
         split = tl.program_id(2)
         ctx = tl.load(ctx_ptr + req)
-        count = tl.load(cnt_ptr + req)
-        base = tl.load(tail_ptr + req)
+        if WINDOW > 0:   # a sliding-window layer: the query's own window, as a tail only
+            count = 0
+            base = tl.maximum(ctx - WINDOW, 0)
+        else:
+            count = tl.load(cnt_ptr + req)
+            base = tl.load(tail_ptr + req)
         total = count + (ctx - base)                     # length of the virtual key list
 
         offs_m = tl.arange(0, BLOCK_M)
@@ -363,7 +378,7 @@ def split_count(batch: int, kv_heads: int, max_selected: int, block_n: int, head
 def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, index_counts,
                      tail_start, scale: float, block_n: int = 32, num_splits: int | None = None,
                      num_warps: int = 4, num_stages: int | None = None,
-                     packed: bool | None = None, pdl: bool = False):
+                     packed: bool | None = None, pdl: bool = False, window: int = 0):
     """Triton version of ``sparse_attention_reference`` (see the module docstring). ``block_n``
     entries per tile is independent of the pool's page size; ``num_splits`` chunks of the key list
     per (request, KV head) (None: chosen from the device and the shapes), merged by a second
@@ -382,6 +397,10 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         raise RuntimeError("sparse_attention needs Triton; use sparse_attention_reference")
     batch, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
+    if window:
+        # Nothing of the selection is read: stand-ins of the right rank for the pointers.
+        indices = context_lens.view(-1, 1, 1)
+        index_counts = tail_start = context_lens
     groups = indices.shape[1]
     if heads % kv_heads:
         raise ValueError(f"num_heads {heads} is not a multiple of kv_heads {kv_heads}")
@@ -397,7 +416,7 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         return out
     programs = 1 if packed else kv_heads      # per (request, split)
     if num_splits is None:
-        num_splits = _auto_splits(q, batch, programs, indices.shape[2], block_n)
+        num_splits = _auto_splits(q, batch, programs, window or indices.shape[2], block_n)
     num_splits = max(1, int(num_splits))
     block_m = max(16, triton.next_power_of_2(heads if packed else group))
     block_d = max(16, triton.next_power_of_2(dim))
@@ -422,7 +441,7 @@ def sparse_attention(q, k_cache, v_cache, block_tables, context_lens, indices, i
         indices.stride(0), s_ig, indices.stride(2), block_tables.stride(0), k_cache.shape[1],
         GROUP=group, KV_HEADS=kv_heads, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, SPLIT=num_splits > 1, PACKED=bool(packed), PRECISION=precision,
-        INTERPRET=_interpreting(),
+        INTERPRET=_interpreting(), WINDOW=int(window or 0),
         num_warps=num_warps, num_stages=num_stages, **launch_options(q.device, pdl))
     if num_splits > 1:
         _merge_splits_kernel[(batch, heads)](

@@ -11,6 +11,10 @@ Contract (both functions):
   request with ``q_len`` rows sits at position ``ctx - q_len + r`` and sees keys ``<=`` that
   position (causal among the new rows).
 - Grouped-query: query head ``h`` reads KV head ``h // (num_heads // kv_heads)``.
+- ``window`` (0: none): a sliding-window layer (Gemma 3's local layers, transformers' semantics):
+  row ``r`` at position ``p`` sees only keys in ``(p - window, p]``, itself included. The kernel
+  reads no page wholly before the first row's window. A windowed call collects nothing (the
+  engine selects on global layers only).
 
 Returns ``(out, lse, logits)``:
 - ``out`` ``[total_q_rows, num_heads, head_dim]`` in ``q``'s dtype;
@@ -149,7 +153,7 @@ def _collects(collect) -> bool:
 
 
 def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, q_start_loc,
-                               scale: float, collect: str = "none"):
+                               scale: float, collect: str = "none", window: int = 0):
     """Plain PyTorch, one request at a time, float32 maths (see the module docstring)."""
     rows_kept = collected_rows(q_start_loc, collect)
     total, heads, dim = q.shape
@@ -172,6 +176,8 @@ def verify_attention_reference(q, k_cache, v_cache, block_tables, context_lens, 
         s = torch.einsum("rhd,chd->rhc", q[a:b].float(), keys) * scale
         row_pos = ctx - q_len + torch.arange(q_len, device=q.device)
         hidden = pos[None, :] > row_pos[:, None]                     # [rows, ctx]
+        if window:
+            hidden |= pos[None, :] <= row_pos[:, None] - window
         s = s.masked_fill(hidden[:, None, :], float("-inf"))
         lse[a:b] = torch.logsumexp(s, dim=-1)
         p = torch.exp(s - lse[a:b, :, None])
@@ -258,7 +264,7 @@ if triton is not None:
                      s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                      COLLECT: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                     page_ahead, HAVE_PAGE: tl.constexpr):
+                     page_ahead, HAVE_PAGE: tl.constexpr, WINDOW: tl.constexpr):
         """One BLOCK_N-key tile: gather K/V through the block table, score, mask, (collect),
         and fold into the online-softmax state (m_i, l_i, acc).
 
@@ -280,6 +286,8 @@ if triton is not None:
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision=PRECISION) * scale
         if MASKED:
             visible = (pos[None, :] <= row_pos[:, None]) & n_valid[None, :] & m_valid[:, None]
+            if WINDOW > 0:   # a sliding-window layer: row r sees keys (row_pos - WINDOW, row_pos]
+                visible = visible & (pos[None, :] > row_pos[:, None] - WINDOW)
             s = tl.where(visible, s, float("-inf"))
         if COLLECT == 1:
             _store_logits(logits_ptr, s, slot, head, (slot >= 0) & m_valid, pos, n_valid,
@@ -322,25 +330,35 @@ if triton is not None:
 
     @triton.jit
     def _program_keys(qloc_ptr, ctx_ptr, num_splits, split_keys, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr):
+                      SPLIT: tl.constexpr, WINDOW: tl.constexpr):
         """A verification program's (request, KV head, split), its request's rows and context,
-        and the keys [lo, hi) it covers: with SPLIT, that request's context over num_splits in
-        whole BLOCK_N tiles, or with split_keys > 0 keys [s * split_keys, (s + 1) * split_keys)
-        whatever the context (split 0 and the whole context without SPLIT)."""
+        and the keys [lo, hi) it covers: with SPLIT, that request's keys over num_splits in
+        whole BLOCK_N tiles (split 0 and all of them without), or with split_keys > 0 keys
+        [s * split_keys, (s + 1) * split_keys) whatever the context. The keys are [0, ctx), or with
+        a WINDOW only those some row sees, from the first row's window start (with split_keys,
+        from its tile): the pages before it are never read (computed here from the context, so a
+        CUDA graph replays it right)."""
         req = tl.program_id(0)
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
         q_len = tl.load(qloc_ptr + req + 1) - q_start
         ctx = tl.load(ctx_ptr + req)
+        first = 0
+        if WINDOW > 0:
+            first = tl.maximum(ctx - q_len + 1 - WINDOW, 0)
         if SPLIT:
             split = tl.program_id(2)
-            split_len = tl.cdiv(ctx, num_splits * BLOCK_N) * BLOCK_N
-            split_len = tl.where(split_keys > 0, split_keys, split_len)
-            lo = split * split_len
+            split_len = tl.cdiv(ctx - first, num_splits * BLOCK_N) * BLOCK_N
+            lo = first + split * split_len
+            hi = tl.minimum(ctx, lo + split_len)
+            # The batch-invariant mode: splits and tiles start at fixed positions.
+            fixed = split_keys > 0
+            lo = tl.where(fixed, tl.maximum(split * split_keys, first // BLOCK_N * BLOCK_N), lo)
+            hi = tl.where(fixed, tl.minimum(ctx, (split + 1) * split_keys), hi)
             hi = tl.minimum(ctx, lo + split_len)
         else:
             split = 0
-            lo = 0
+            lo = first
             hi = ctx
         return req, kvh, split, q_start, q_len, ctx, lo, hi
 
@@ -360,46 +378,47 @@ if triton is not None:
 
     @triton.jit
     def _splits_in_program(q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
-                           keep_c, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale,
-                           split_keys, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh,
-                           s_gc, s_tb, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
+                           keep_c, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, first_tile,
+                           scale, split_keys, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr,
+                           s_gh, s_gc, s_tb, BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                            COLLECT: tl.constexpr, PRECISION: tl.constexpr,
-                           INTERPRET: tl.constexpr):
-        """The batch-invariant mode's splits (keys [s * split_keys, (s + 1) * split_keys)) one
-        after another in this program: each attended from a fresh state, as its own program
-        would, then folded in split order as the merge kernel folds them (`fold_online`), so the
-        bits are those of split programs and a merge, without writing each split's partial state
-        (which for a prefill chunk's thousands of rows is more traffic than the keys).
-        Returns the folded (max, sum, unnormalised accumulator)."""
+                           INTERPRET: tl.constexpr, WINDOW: tl.constexpr):
+        """The batch-invariant mode's splits (keys [s * split_keys, (s + 1) * split_keys), from the
+        one holding `first_tile`, the first tile any row sees) one after another in this program:
+        each attended from a fresh state, as its own program would, then folded in split order as
+        the merge kernel folds them (`fold_online`), so the bits are those of split programs and
+        a merge, without writing each split's partial state (which for a prefill chunk's
+        thousands of rows is more traffic than the keys). Returns the folded (max, sum,
+        unnormalised accumulator)."""
         m_run = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
         l_run = tl.zeros([BLOCK_M], dtype=tl.float32)
         o_run = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         no_pages = tl.zeros([BLOCK_N], dtype=tl.int32)
-        lo = ctx * 0
+        lo = ctx * 0 + first_tile // split_keys * split_keys
         while lo < ctx:
             hi = tl.minimum(ctx, lo + split_keys)
             m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
             l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
             if INTERPRET:
-                start = lo
+                start = tl.maximum(lo, first_tile)
                 while start < hi:
                     m_i, l_i, acc = _attend_tile(
                         start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                         keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
                         scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc,
                         s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True,
-                        no_pages, False)
+                        no_pages, False, WINDOW)
                     start += BLOCK_N
             else:
-                for start in range(lo, hi, BLOCK_N):
+                for start in range(tl.maximum(lo, first_tile), hi, BLOCK_N):
                     m_i, l_i, acc = _attend_tile(
                         start, q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c,
                         keep_c, m_i, l_i, acc, k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, hi,
                         scale, s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc,
                         s_tb, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True,
-                        no_pages, False)
+                        no_pages, False, WINDOW)
             m_run, l_run, o_run = fold_online(m_run, l_run, o_run, m_i, l_i, acc)
             lo += split_keys
         return m_run, l_run, o_run
@@ -422,7 +441,8 @@ if triton is not None:
             BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_C: tl.constexpr,
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
-            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0, SPLIT_SEQ: tl.constexpr = False):
+            USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0, WINDOW: tl.constexpr = 0,
+            SPLIT_SEQ: tl.constexpr = False):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -438,8 +458,9 @@ if triton is not None:
         another in this program instead (`_splits_in_program`; the same bits)."""
         pdl_wait(USE_PDL)
         req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
-                                                                     split_keys, BLOCK_N, SPLIT)
+                                                                     split_keys, BLOCK_N, SPLIT, WINDOW)
         if SPLIT_SEQ:      # no keys for the loops below: `_splits_in_program` attends them
+            first_tile = lo // BLOCK_N * BLOCK_N
             hi = lo
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
             kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
@@ -469,7 +490,8 @@ if triton is not None:
         # loops below are written out on purpose: the same loops in one helper function compiled
         # to a kernel measured 4-7 % slower at head dim 128 (bench/NOTES.md, version 18).
         mid = lo
-        if UNMASKED_TILES:
+        # A sliding-window layer masks every tile: its rows' windows start at different keys.
+        if UNMASKED_TILES and WINDOW == 0:
             full_end = tl.minimum(hi, ctx - q_len + 1)
             mid = lo + tl.maximum(full_end - lo, 0) // BLOCK_N * BLOCK_N
         # PAGE_AHEAD tiles ahead, the block-table entries: p0 this tile's, p1 the next's.
@@ -491,7 +513,8 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0,
+                    WINDOW)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
             while start < hi:
@@ -502,7 +525,8 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0,
+                    WINDOW)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
                 start += BLOCK_N
         else:
@@ -514,7 +538,8 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, False, p0, PAGE_AHEAD > 0,
+                    WINDOW)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
             for start in range(mid, hi, BLOCK_N):
                 nxt = _pages_ahead(start, p0, tables_ptr, req, hi, s_tb, BLOCK_SIZE, BLOCK_N,
@@ -524,14 +549,15 @@ if triton is not None:
                     keep_c, m_i, l_i, acc, k_ptr, v_ptr,
                     logits_ptr, tables_ptr, req, kvh, hi, scale, s_kb, s_kt, s_kh, s_kd,
                     s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
-                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0)
+                    BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, True, p0, PAGE_AHEAD > 0,
+                    WINDOW)
                 p0, p1 = _shift_pages(p0, p1, nxt, PAGE_AHEAD)
         if SPLIT_SEQ:
             m_i, l_i, acc = _splits_in_program(
                 q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c, keep_c,
-                k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, scale, split_keys, s_kb, s_kt,
-                s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE, BLOCK_M,
-                BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, INTERPRET)
+                k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, first_tile, scale, split_keys,
+                s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
+                BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, INTERPRET, WINDOW)
 
         if COLLECT != 0:
             last = True          # the last split writes the -inf tail
@@ -666,7 +692,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                      num_warps: int | None = None, num_stages: int | None = None,
                      c2q_tile: bool | None = None, fused_merge: bool | None = None,
                      max_registers: int | None = None, unmasked_tiles: bool | None = None,
-                     page_ahead: int | None = None, block_m: int | None = None,
+                     page_ahead: int | None = None, window: int = 0, block_m: int | None = None,
                      split_keys: int = 0, splits_in_program: bool = False):
     """Triton version of ``verify_attention_reference`` (see the module docstring).
 
@@ -712,7 +738,7 @@ def verify_attention(q, k_cache, v_cache, block_tables, context_lens, q_start_lo
                           row_slot=row_slot, c2q_tile=c2q_tile, logits_len=max_ctx,
                           block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                           fused_merge=fused_merge, max_registers=max_registers,
-                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead,
+                          unmasked_tiles=unmasked_tiles, page_ahead=page_ahead, window=window,
                           block_m=block_m, split_keys=split_keys,
                           splits_in_program=splits_in_program)
     return out, lse, (CollectedLogits(logits, rows_kept) if do_collect else None)
@@ -725,7 +751,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
                           num_stages: int | None = None, fused_merge: bool | None = None,
                           max_registers: int | None = None,
                           unmasked_tiles: bool | None = None,
-                          page_ahead: int | None = None, block_m: int | None = None,
+                          page_ahead: int | None = None, window: int = 0, block_m: int | None = None,
                           split_keys: int = 0, splits_in_program: bool = False):
     """The launch behind `verify_attention`, safe to capture in a CUDA graph: every output is
     given (``out`` like q, ``lse`` float32 [total, heads], ``logits`` bf16 [R, heads, W] or None
@@ -742,7 +768,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     holds. ``unmasked_tiles``: tiles that every row sees whole are attended without the masks;
     False masks every tile (the same output within rounding, not always bit for bit).
     ``page_ahead`` (0, 1 or 2): how many tiles ahead a program loads the block-table entries of
-    the tile it will gather (0: in front of the gather; the same bits any way). All of these,
+    the tile it will gather (0: in front of the gather; the same bits any way). ``window``: a
+    sliding-window layer's (0: none; no collection with one). All of these,
     like the tile, warps and stages, default to `launch_config`'s. ``block_m``: the score tile's
     rows (default `tile_rows` of ``max_q``; at least ``max_q`` times the GQA group).
     ``split_keys`` > 0: split ``s`` covers keys [s * split_keys, (s + 1) * split_keys) of every
@@ -776,6 +803,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     page_ahead = cfg.page_ahead if page_ahead is None else page_ahead
     if page_ahead not in (0, 1, 2):
         raise ValueError(f"page_ahead must be 0, 1 or 2, got {page_ahead}")
+    if window and logits is not None:
+        raise ValueError("a sliding-window call collects no logits")
     if logits is None:
         logits = torch.empty(1, 1, 1, dtype=torch.bfloat16, device=q.device)
         row_slot = torch.empty(1, dtype=torch.int32, device=q.device)
@@ -807,7 +836,8 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
         SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
-        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead, SPLIT_SEQ=splits_in_program,
+        INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead, WINDOW=int(window or 0),
+        SPLIT_SEQ=splits_in_program,
         num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](

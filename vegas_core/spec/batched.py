@@ -68,10 +68,18 @@ def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector
     # One upload that does not wait for the GPU (the verification may still be running).
     row_start, row_count, base_t, budget_t = to_device([starts, counts, bases, budgets], torch.int32, device)
     stacked = select_layers(collector.stacked(), row_start, row_count, base_t, budget_t, max(budgets),
-                            kv_heads, granularity, n_keys=max(bases))                # [L, B, G, K]
+                            kv_heads, granularity, n_keys=max(bases))                # [Lc, B, G, K]
+    layers = collector.layers
+    if layers is not None and len(layers) < num_layers:
+        # A hybrid model collected its global layers only: their sets go to their own rows of
+        # an every-layer tensor; a sliding layer's row is never read (its drafts see the window).
+        every = stacked.new_zeros(num_layers, *stacked.shape[1:])
+        every[list(layers)] = stacked
+        stacked = every
     sel = {}
     for j, it in enumerate(group):
-        view = FixedSelection(it.base, budgets[j], stacked[:, j], it.request.spec.record_recall)
+        view = FixedSelection(it.base, budgets[j], stacked[:, j], it.request.spec.record_recall,
+                              layers=layers)
         view.source = (stacked, j)     # lets the next draft batch use `stacked` without copying
         sel[it.request.request_id] = view
     return sel

@@ -25,10 +25,13 @@ class FixedSelection(_RecallMixin):
 
     `per_layer` is a list of [G, k] position tensors, or one [L, G, K] tensor of which the first
     `budget` entries of every row are the set (the batched GPU selection hands out slices of one
-    padded tensor this way, and the kernel path reads `indices` without a per-layer copy)."""
+    padded tensor this way, and the kernel path reads `indices` without a per-layer copy); with
+    `layers`, only those rows are sets, the other layers' are empty (sliding-window layers)."""
 
-    def __init__(self, base: int, budget: int, per_layer, record_recall: bool = False):
+    def __init__(self, base: int, budget: int, per_layer, record_recall: bool = False,
+                 layers: tuple[int, ...] | None = None):
         self.base, self.budget = base, budget
+        self.layers = layers
         if isinstance(per_layer, torch.Tensor):
             self.indices, self._per_layer = per_layer, None
         else:
@@ -39,8 +42,8 @@ class FixedSelection(_RecallMixin):
     @property
     def per_layer(self) -> list[torch.Tensor]:
         if self._per_layer is None:   # sliced on first use only: the kernel path never needs it
-            self._per_layer = [self.indices[i, :, :self.budget].long()
-                               for i in range(self.indices.shape[0])]
+            self._per_layer = [self.indices[i, :, :self.budget if self.layers is None or i in self.layers
+                                            else 0].long() for i in range(self.indices.shape[0])]
         return self._per_layer
 
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:

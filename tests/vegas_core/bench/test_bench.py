@@ -246,6 +246,32 @@ def test_tune_follows_the_three_steps_and_e2e_uses_its_choice(tmp_path, tiny_mod
     assert stream["tuned"] is False and stream["gamma"] == 6   # not tuned: the defaults, said so
 
 
+@pytest.mark.parametrize("attention", ["reference", "triton"])
+def test_collect_times_each_mode_per_verification_iteration_and_layer(tmp_path, attention):
+    """Collect-2-Query's cost on a hybrid model (a tiny Gemma 3: layers sliding, sliding, global,
+    sliding): a record per collection mode with its verification, selection, drafts and the
+    overheads derived from them, and the attention of the global layer per mode and of a sliding
+    layer. On the kernel path (Triton's interpreter) the selection is the engine's batched one."""
+    from tests.vegas_core.conftest import TINY_GEMMA3, build_tiny_hf_model
+    path, _ = build_tiny_hf_model(tmp_path / "gemma", "gemma3", **{**TINY_GEMMA3, "sliding_window": 16})
+    argv = ["collect", "--model", path, "--device", "cpu", "--batch", "2", "--context", "40",
+            "--gamma", "2", "--repeats", "1", "--attention", attention, "--eager", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = _load(tmp_path, "collect")
+    _check_header(doc, argv)
+    assert doc["attention"] == attention and doc["global_layers"] == [2] and doc["sliding_window"] == 16
+    ver = [r for r in doc["records"] if r["kind"] == "verification"]
+    assert [(r["mode"], r["method"]) for r in ver] == [("none", None), ("c2q", "vegas"), ("all", "vegas-all")]
+    for r in ver:
+        assert r["verify_ms"] > 0 and r["draft_ms"] > 0 and (r["select_ms"] > 0) == (r["mode"] != "none")
+        assert r["iteration_ms"] == pytest.approx(r["draft_ms"] + r["verify_ms"] + r["select_ms"])
+        assert r["collecting_layers"] == 1 and r["layers"] == 4 and r["budget"] == 16
+    assert ver[0]["overhead_verification"] == 0 and ver[0]["overhead_iteration"] == 0
+    layers = [(r["layer_kind"], r["layer"], r["mode"]) for r in doc["records"] if r["kind"] == "layer"]
+    assert layers == [("global", 2, "none"), ("global", 2, "c2q"), ("global", 2, "all"), ("sliding", 0, "none")]
+    assert all(r["us"] > 0 for r in doc["records"] if r["kind"] == "layer")
+
+
 def test_tune_plateau_rule():
     from vegas_core.bench.tune import plateau_sparsity, refine_candidates
     trials = [dict(sparsity=s, accepted_per_iteration=a)

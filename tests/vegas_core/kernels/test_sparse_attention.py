@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from vegas_core.kernels.sparse_attention import packs_kv_heads, sparse_attention, sparse_attention_reference
-from tests.vegas_core.kernels.paged import shuffled_tables
+from tests.vegas_core.kernels.paged import poison_before, shuffled_tables
 from vegas_core.attention.metadata import SeqAttention
 from vegas_core.attention.reference import ReferenceBackend, dense_scores, weighted_values
 from vegas_core.spec.views import FixedSelection
@@ -130,6 +130,28 @@ def test_block_n_and_splits_independent():
     for block_n, splits in ((16, 1), (64, 1), (16, 3), (32, 4)):
         out = sparse_attention(*args, block_n=block_n, num_splits=splits)
         torch.testing.assert_close(out, ref, **TOL)
+
+
+@pytest.mark.parametrize("heads,kv_heads,packed", [(6, 3, True), (6, 3, False), (4, 1, False)])
+def test_sliding_window_attends_the_querys_window_only(heads, kv_heads, packed):
+    """A sliding-window layer's draft step: no selection (None), the last `window` positions of
+    each request (all of a shorter context), read from the device's context lengths. The keys
+    before the window are NaN, so reading any would show; split and not; and it equals a
+    one-row verification with the same window (the target's own attention)."""
+    from vegas_core.kernels.verify_attention import verify_attention_reference
+    window, ctx_lens = 12, [40, 9, 27]
+    q, k_cache, v_cache, tables, ctx, _, _, _, scale = make_case(
+        ctx_lens, [1, 1, 1], [0, 0, 0], heads, kv_heads, 16, seed=8)
+    loc = torch.arange(len(ctx_lens) + 1, dtype=torch.int32, device=q.device)
+    want, _, _ = verify_attention_reference(q, k_cache, v_cache, tables, ctx, loc, scale,
+                                            window=window)
+    args = (q, k_cache, v_cache, tables, ctx, None, None, None, scale)
+    torch.testing.assert_close(sparse_attention_reference(*args, window=window), want,
+                               atol=1e-5, rtol=1e-5)
+    poison_before(k_cache, v_cache, tables, [max(0, c - window) for c in ctx_lens])
+    for splits in (1, 3):
+        out = sparse_attention(*args, window=window, num_splits=splits, block_n=16, packed=packed)
+        torch.testing.assert_close(out, want, **TOL)
 
 
 PACKED_CASES = [  # (ctx_lens, tail_lens, counts, heads, kv_heads, head_dim): one shared selection

@@ -16,7 +16,7 @@ import torch
 from vegas_core.kernels.verify_attention import (collected_row_slots, collected_rows, default_num_splits,
                                       verify_attention, verify_attention_into,
                                       verify_attention_reference)
-from tests.vegas_core.kernels.paged import shuffled_tables
+from tests.vegas_core.kernels.paged import poison_before, shuffled_tables
 from vegas_core.attention.reference import causal_mask, dense_scores, weighted_values
 
 # CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.
@@ -76,6 +76,54 @@ def test_matches_reference_and_collect_keeps_output(q_lens, ctx_lens, heads, kv_
             assert logits is None and ref_logits is None
         else:
             check_logits(logits, ref_logits)
+
+
+@pytest.mark.parametrize("window", [8, 20])
+def test_sliding_window_matches_reference_and_skips_the_keys_before_it(window):
+    """A sliding-window layer (Gemma 3's local layers): each row at position p sees keys in
+    (p - window, p], as transformers masks them, so rows of one request start at different keys
+    (17 rows over a window of 8: the last row sees none of the first row's keys). Every key and
+    value before the first row's window is NaN, so reading one would show: the kernel answers as
+    the clean reference does, single pass and split (fused merge or not), with the unmasked-tile
+    launch too (a window masks every tile), and a window wider than the context is no window."""
+    q_lens, ctx_lens = [1, 3, 8, 17], [5, 40, 37, 70]
+    args = make_case(q_lens, ctx_lens, 9, 3, 16, seed=17)
+    ref_out, ref_lse, _ = verify_attention_reference(*args, window=window)
+    full_out, _, _ = verify_attention_reference(*args)
+    assert not torch.allclose(ref_out, full_out)                  # the window changes the answer
+    q, k_cache, v_cache, tables, ctx, loc, scale = args
+    poison_before(k_cache, v_cache, tables,
+                  [max(0, c - n + 1 - window) for c, n in zip(ctx_lens, q_lens)])
+    for splits, fused, unmasked in ((1, False, False), (3, True, True), (4, False, False)):
+        out, lse, _ = verify_attention(*args, window=window, num_splits=splits, block_n=16,
+                                       fused_merge=fused, unmasked_tiles=unmasked)
+        torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    wide = make_case(q_lens, ctx_lens, 9, 3, 16, seed=17)
+    out, lse, _ = verify_attention(*wide, window=71, num_splits=2, block_n=16)
+    want_out, want_lse, _ = verify_attention_reference(*wide)
+    torch.testing.assert_close(out, want_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse, want_lse, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="collects no logits"):
+        verify_attention(*wide, window=window, collect="c2q")
+
+
+def test_sliding_window_reference_is_the_engines_windowed_attention():
+    """The kernel's reference windows rows as the engine's reference backend does (its
+    `window_mask`, checked against transformers' Gemma 3 in the model tests)."""
+    from vegas_core.attention.reference import window_mask
+    q_lens, ctx_lens, window = [6, 1], [23, 30], 5
+    q, k_cache, v_cache, tables, ctx, loc, scale = make_case(q_lens, ctx_lens, 4, 2, 16, seed=9)
+    out, _, _ = verify_attention_reference(q, k_cache, v_cache, tables, ctx, loc, scale,
+                                           window=window)
+    kf, vf = k_cache.reshape(-1, 2, 16), v_cache.reshape(-1, 2, 16)
+    for b, (n, c) in enumerate(zip(q_lens, ctx_lens)):
+        pos = torch.arange(c, device=q.device)
+        slots = tables[b].long()[pos // 16] * 16 + pos % 16
+        s = dense_scores(q[loc[b]:loc[b + 1]], kf[slots], scale)
+        s = s.masked_fill(window_mask(n, c, window, q.device)[:, None, :], float("-inf"))
+        want = weighted_values(torch.softmax(s, dim=-1), vf[slots])
+        torch.testing.assert_close(out[loc[b]:loc[b + 1]], want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("unmasked", [False, True])
