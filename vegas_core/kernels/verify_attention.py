@@ -355,7 +355,6 @@ if triton is not None:
             fixed = split_keys > 0
             lo = tl.where(fixed, tl.maximum(split * split_keys, first // BLOCK_N * BLOCK_N), lo)
             hi = tl.where(fixed, tl.minimum(ctx, (split + 1) * split_keys), hi)
-            hi = tl.minimum(ctx, lo + split_len)
         else:
             split = 0
             lo = first

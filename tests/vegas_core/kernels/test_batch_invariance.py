@@ -110,6 +110,21 @@ def test_verification_rows_equal_decode_rows_alone_and_in_a_batch(launch):
     assert torch.equal(ob[:17], out[:17]) and torch.equal(lb[:17], lse[:17])
 
 
+def test_windowed_rows_equal_decode_rows():
+    """A sliding-window layer (window 20, which skips whole tiles before it): the 17 verification
+    rows, with the splits folded in the program too, equal the rows' decode steps."""
+    kw = dict(LAUNCHES["small tiles"], window=20)
+    ctx, q_lens = [70, 44], [17, 1]
+    tables, k, v = _pool(ctx, seed=1)
+    q = randn(sum(q_lens), HEADS, DIM, seed=2)
+    out, lse, _ = _attend(q, k, v, tables, ctx, q_lens, kw)
+    o2, l2, _ = _attend(q, k, v, tables, ctx, q_lens, dict(kw, splits_in_program=True))
+    assert torch.equal(o2, out) and torch.equal(l2, lse)
+    for r in range(17):
+        o1, l1, _ = _attend(q[r:r + 1], k, v, tables[:1], [ctx[0] - 16 + r], [1], kw)
+        assert torch.equal(o1[0], out[r]) and torch.equal(l1[0], lse[r]), r
+
+
 def test_default_launch_is_not_invariant():
     """The check above can fail: with splits that follow each request's context (the default
     launch), some row's bits differ between the verification and its decode step."""
