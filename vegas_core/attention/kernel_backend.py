@@ -69,6 +69,7 @@ class _Sparse:
     p_max: int = 0
     sizes: tuple[int, int] = (0, 0)
     host_counts: list[int] = field(default_factory=list)   # entries per request (host copy)
+    sets_out: torch.Tensor | None = None   # [L, B, G, K]: the sets written here too (traces, in a graph)
 
 
 @dataclass
@@ -134,6 +135,8 @@ class KernelBackend:
         scores = quest_page_scores(q, kmin, kmax, g.tables, g.num_pages, g.granularity, p_max=g.p_max)
         idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
         out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale, pdl=self.pdl)
+        if g.sets_out is not None:
+            g.sets_out[layer, :, :, :idx.shape[2]].copy_(idx)
         for j, i in enumerate(g.seqs):
             view = meta.seqs[i].sparse
             if view.keep_sets:
