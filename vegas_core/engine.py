@@ -113,9 +113,9 @@ class _Tracker:
         self.spec_iterations = self.accepted = self.iterations = 0
         self.per_position = [0] * req.spec.gamma
 
-    def update(self, out: StepOutput) -> tuple[str, int | None]:
+    def update(self, out: StepOutput, end: int) -> tuple[str, int | None]:
         """(text delta, None) or, when a stop string appeared, (delta up to the stop, how many of
-        this step's new tokens to keep)."""
+        this step's new tokens to keep). `end`: the output's length after this step's tokens."""
         self.iterations += 1
         if out.num_drafted:
             self.spec_iterations += 1
@@ -123,14 +123,14 @@ class _Tracker:
             for i in range(out.num_accepted):
                 self.per_position[i] += 1
         # The decoder holds back an incomplete UTF-8 sequence until its next byte (or the end).
-        delta = self.decoder.step(self.req.output_ids)
+        delta = self.decoder.step(self.req.output_ids[:end])
         if out.finished:
             delta += self.decoder.flush()
         full = self.text + delta
         if self._find_stop(full, len(self.text)) is None:
             self.text = full
             return delta, None
-        return self._cut_at_stop(len(out.new_token_ids))
+        return self._cut_at_stop(len(out.new_token_ids), end)
 
     def _find_stop(self, text: str, old_len: int) -> int | None:
         """Where the first stop string (in the order given) starts, looking from where one could
@@ -142,10 +142,10 @@ class _Tracker:
                 return at
         return None
 
-    def _cut_at_stop(self, num_new: int) -> tuple[str, int]:
+    def _cut_at_stop(self, num_new: int, end: int) -> tuple[str, int]:
         """A speculative iteration (or a chained GPU decode) emits several tokens at once: keep
         only those up to the one that completed the stop string, as one-token steps would have."""
-        ids, before = self.req.output_ids, len(self.req.output_ids) - num_new
+        ids, before = self.req.output_ids, end - num_new
         emitted = previous = self.text
         for keep in range(1, num_new + 1):
             text = self.tok.decode(ids[:before + keep])
@@ -248,28 +248,52 @@ class Engine:
                 if not paused:                 # a suspended stream's request sits this step out
                     self.core.pause(rid)
                     self._suspended[rid] = True
-            return [ev for out in self.core.step() if (ev := self._event(out)) is not None]
+            return [ev for out in self.core.step() for ev in self._events(out)]
 
-    def _event(self, out: StepOutput) -> StreamEvent | None:
+    def _events(self, out: StepOutput) -> list[StreamEvent]:
+        """The step's event for one request; a traced chained decode (one record per plain step)
+        gives one event per step, as one step at a time does, up to a stop string."""
+        if len(out.iterations) <= 1:
+            ev = self._event(out, len(out.request.output_ids))
+            return [] if ev is None else [ev]
+        events, end = [], len(out.request.output_ids) - len(out.new_token_ids)
+        last = len(out.iterations) - 1
+        for j, (tok, rec) in enumerate(zip(out.new_token_ids, out.iterations)):
+            end += 1
+            part = dataclasses.replace(out, new_token_ids=[tok], finished=out.finished and j == last,
+                                       iterations=[rec])
+            ev = self._event(part, end)
+            if ev is not None:
+                events.append(ev)
+            if ev is None or ev.finished:
+                break
+        return events
+
+    def _event(self, out: StepOutput, end: int) -> StreamEvent | None:
+        """`end`: the request's output length after `out`'s tokens."""
         req = out.request
         tracker = self._trackers.get(req.request_id)
         if tracker is None:
             return None
-        delta, keep = tracker.update(out)
-        new_ids = out.new_token_ids
+        delta, keep = tracker.update(out, end)
+        new_ids, finished = out.new_token_ids, out.finished
+        record = out.iterations[0] if out.iterations else None
         if keep is not None:
-            if keep < len(new_ids):      # tokens past the stop string: not part of the output
-                del req.token_ids[len(req.token_ids) - (len(new_ids) - keep):]
+            cut = req.num_prompt + end - len(new_ids) + keep
+            if cut < len(req.token_ids):      # tokens past the stop string: not part of the output
+                del req.token_ids[cut:]
                 new_ids = new_ids[:keep]
                 req.finish_reason = "stop"
-                if out.iteration is not None:   # the trace's emitted tokens are the output's
-                    out.iteration["emitted"] = out.iteration["emitted"][:keep]
+                if record is not None:      # the trace's emitted tokens are the output's
+                    record["emitted"] = record["emitted"][:keep]
+                    del req.iterations[record["index"] + 1:]
             self.core.finish(req, "stop")
-        if req.finished:
+            finished = True
+        if finished:
             # The request keeps its result; the engine keeps nothing of a finished request.
             req.result = self._result(req, self._trackers.pop(req.request_id))
-        return StreamEvent(req.request_id, delta, new_ids, out.rejected_ids, req.finished, req.finish_reason,
-                           out.iteration, out.selected, out.accept_draws)
+        return StreamEvent(req.request_id, delta, new_ids, out.rejected_ids, finished, req.finish_reason,
+                           record, out.selected, out.accept_draws)
 
     def result(self, req: Request) -> GenerationResult:
         """The request's result: its final one once it has finished (kept on the request, so the

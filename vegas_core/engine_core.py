@@ -12,8 +12,10 @@ A step is a prefill chunk step or one decode iteration over every running reques
 A request's first decode iteration has no selection yet, so it is a plain full-attention step that
 collects; speculation starts from the second. The core knows nothing about text.
 
-On CUDA graphs with no trace, `overlap.Overlap` keeps the GPU busy between these steps (draft
-chains launched ahead, plain decode steps chained); the iteration below reads the same either way.
+On CUDA graphs, `overlap.Overlap` keeps the GPU busy between these steps (draft chains launched
+ahead, plain decode steps chained); the iteration below reads the same either way. Tracing changes
+neither: its records are made from what the iteration reads anyway, after its GPU work is done
+(`_trace`).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
 from .spec.batched import SelectItem, select_batch
 from .spec.proposers import SelectContext
-from .trace.record import iteration_record, selection_record
+from .trace.record import decode_step_records, iteration_record, selection_record, selection_records
 
 
 @dataclass
@@ -54,7 +56,8 @@ class StepOutput:
     rejected_ids: list[int] = field(default_factory=list)  # drafts rejected this iteration
     num_drafted: int = 0
     num_accepted: int = 0
-    iteration: dict | None = None                           # trace record (when tracing)
+    # Trace records (when tracing): the iteration's, or a chained decode's one per plain step.
+    iterations: list[dict] = field(default_factory=list)
     # When tracing: the set this iteration's verification chose for the next draft phase (a trace
     # Selection dict; None when the policy chooses while drafting, as quest does), and the ACCEPT
     # draws u_j its acceptance test compared with p/q (sampled requests only).
@@ -75,7 +78,7 @@ class EngineCore:
             // KVPool.bytes_per_block(config, opts.block_size, dtype))
         self.runner = ModelRunner(config, weights, self.device, dtype, num_blocks, opts)
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
-        graphs = self.runner.graphs is not None and not opts.trace
+        graphs = self.runner.graphs is not None
         self.decode_steps = opts.multi_step if graphs else 1
         self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens,
                                    self.decode_steps)
@@ -243,9 +246,13 @@ class EngineCore:
             # The pending token and every kept one but the last are now cached: accepted drafts,
             # or the plain steps a chained decode ran. Rejected drafts' entries are dropped below.
             req.num_cached = base + len(res.tokens)
-        outputs = [self._emit(req, res, base, old, drafts.of(req))
-                   for req, res, base, old in zip(reqs, results, bases, old_selections)]
-        self._end_iteration(reqs, outputs, times, wall_start)
+        outputs = [self._emit(req, res, drafts.of(req)) for req, res in zip(reqs, results)]
+        timings = self._end_iteration(reqs, outputs, times, wall_start)
+        if self.options.trace:
+            self._trace(outputs, results, bases, old_selections, drafts, timings)
+        wall = time.perf_counter() - wall_start
+        for out in outputs:
+            out.request.decode_time_s += wall
         return outputs
 
     def _draft(self, reqs: list[Request]) -> Drafts:
@@ -314,7 +321,7 @@ class EngineCore:
             items = [SelectItem(i, reqs[i], bases[i], accepted[i], entries[i].collect_rows) for i in todo]
             new = select_batch(items, collector, self.config.num_layers, self.config.num_kv_heads,
                                self.device, self.runner.page_bounds, self.allocator.block_table,
-                               keep_sets=self.options.trace)
+                               trace=self.options.trace)
             for i in todo:
                 reqs[i].selection = new[reqs[i].request_id]
         else:
@@ -331,7 +338,7 @@ class EngineCore:
             req.spec, base, cfg.num_layers, cfg.num_kv_heads, collected, entry.collect_rows, num_accepted,
             keys, req.policy_cache))
 
-    def _emit(self, req: Request, res: RejectionResult, base: int, selection, drafts: list[int]) -> StepOutput:
+    def _emit(self, req: Request, res: RejectionResult, drafts: list[int]) -> StepOutput:
         kept = []
         for tok in res.tokens:
             req.token_ids.append(tok)
@@ -340,19 +347,39 @@ class EngineCore:
             if reason:
                 self._finish(req, reason)
                 break
-        out = StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:],
-                         num_drafted=len(drafts), num_accepted=res.num_accepted)
-        if self.options.trace:
-            out.iteration = iteration_record(len(req.iterations), self.step_index, base, drafts, res, kept,
-                                             selection, req.spec.granularity, self.config.num_layers)
-            req.iterations.append(out.iteration)
-            if req.spec.speculative and req.selection is not None and req.selection.first_step_sets():
-                out.selected = selection_record(req.spec.granularity, req.selection)
-            if drafts and not req.sampling.is_greedy:
+        return StepOutput(req, kept, req.finished, rejected_ids=drafts[res.num_accepted:],
+                          num_drafted=len(drafts), num_accepted=res.num_accepted)
+
+    def _trace(self, outputs: list[StepOutput], results: list[RejectionResult], bases: list[int],
+               selections: list, drafts: Drafts, timings: dict) -> None:
+        """The iteration's trace records, made after its GPU work is done (the next chain may be
+        running): from the results, the drafts and sets already on the host, and the timings of
+        the batched step. A chained decode records each plain step, as one step at a time would."""
+        layers = self.config.num_layers
+        # The sets each request drafted with, and those chosen for its next drafts (Quest chooses
+        # while drafting): encoded in one call for the whole batch (made once per view).
+        attended = [old if drafts.of(o.request) else None for o, old in zip(outputs, selections)]
+        chosen = [o.request.selection if o.request.spec.speculative and o.request.selection is not None
+                  and o.request.selection.chosen_before_drafting else None for o in outputs]
+        selection_records([(o.request.spec.granularity, v) for o, v in zip(outputs + outputs, attended + chosen)
+                           if v is not None])
+        for out, res, base, old, new in zip(outputs, results, bases, selections, chosen):
+            req, d = out.request, drafts.of(out.request)
+            if d or len(res.tokens) == 1:
+                records = [iteration_record(len(req.iterations), self.step_index, base, d, res,
+                                            out.new_token_ids, old, req.spec.granularity, layers)]
+            else:
+                records = decode_step_records(len(req.iterations), self.step_index, base, out.new_token_ids)
+            for rec in records:
+                rec.update(timings)
+            req.iterations.extend(records)
+            out.iterations = records
+            if new is not None:
+                out.selected = selection_record(req.spec.granularity, new)
+            if d and not req.sampling.is_greedy:
                 # The draws rejection_sample_batch made: a pure function of (key, position, ACCEPT).
-                where = torch.arange(base + 1, base + 1 + len(drafts), dtype=torch.long)
+                where = torch.arange(base + 1, base + 1 + len(d), dtype=torch.long)
                 out.accept_draws = uniforms(torch.tensor([req.rng_key]), where[None], ACCEPT)[0].tolist()
-        return out
 
     def _stop_reason(self, req: Request, tok: int) -> str | None:
         if not req.sampling.ignore_eos and tok in self.config.eos_token_ids:
@@ -361,14 +388,15 @@ class EngineCore:
             return "length"
         return None
 
-    def _end_iteration(self, reqs, outputs: list[StepOutput], times: PhaseTimes, wall_start: float) -> None:
+    def _end_iteration(self, reqs, outputs: list[StepOutput], times: PhaseTimes, wall_start: float) -> dict:
         """Step-through holds, the cache cut back to each verified prefix, the next chain
-        launched ahead, then this iteration's timings."""
+        launched ahead, then this iteration's timings (returned)."""
         m_end = self.overlap.gpu_end if self.overlap.gpu_end is not None else self.clock.mark()
         for out in outputs:
             req = out.request
             if req.iterations_left is not None:
-                req.iterations_left -= 1
+                # A chained decode ran one plain step per token (never more than were left).
+                req.iterations_left -= 1 if req.spec.speculative else len(out.new_token_ids)
                 req.held = req.iterations_left <= 0
         early = self.overlap.keep_early(reqs)
         for out in outputs:
@@ -381,16 +409,12 @@ class EngineCore:
         if not early:
             self.overlap.run_ahead()
         self.clock.wait(m_end)     # this iteration's GPU work, not a chain launched after it
-        wall_end = time.perf_counter()
         timings = dict(times.ms(), start_s=wall_start - self._t0)
         totals = self.phase_totals
         totals["iterations"] += 1
         for key in ("draft_ms", "verify_ms", "select_ms"):
             totals[key] += timings[key]
-        for out in outputs:
-            out.request.decode_time_s += wall_end - wall_start
-            if out.iteration is not None:
-                out.iteration.update(timings)
+        return timings
 
     # -- convenience ---------------------------------------------------------------------------
     def run(self, progress=None) -> None:

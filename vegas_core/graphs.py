@@ -32,9 +32,10 @@ column (`BatchEntry.device_drafts`) takes its draft tokens from the chain's hist
 (the ``src`` field maps its rows there), so drafting and verifying need no host read in between.
 
 `capture=False` runs exactly the same static-buffer code without capturing: how the CPU tests
-check this path under Triton's interpreter. Engines that trace attention recall, or keep Quest's
-per-step sets, or mix draft kinds in one step, take the dynamic path for that forward (`run`
-returns None). `EngineOptions(cuda_graphs="off")` (the CLI's ``--eager``) turns graphs off.
+check this path under Triton's interpreter. Engines that trace attention recall, or mix draft kinds
+in one step, take the dynamic path for that forward (`run` returns None); a traced Quest chain's
+first step replays a graph that also writes its sets out (`GraphKey.keep_sets`).
+`EngineOptions(cuda_graphs="off")` (the CLI's ``--eager``) turns graphs off.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from .random_streams import DRAFT, TOKEN
 from .sampling import is_filtered, sample_rows, sampling_tensors
 from .spec.params import MAX_GAMMA
 from .spec.views import BlockQuestSelection, FixedSelection
+from .transfer import to_host_async
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
 MAX_CHAIN = 16            # steps of one chain: gamma <= 16 drafts, or that many decode steps
@@ -68,6 +70,7 @@ class GraphKey:
     pages: int = 0       # quest: selected pages at most
     chain: bool = False  # one row per request, advancing itself (see `GraphRunner.run_chain`)
     sampled: int = 0     # chain: 0 argmax, 1 sampled, 2 sampled with top-k/top-p/min-p filters
+    keep_sets: bool = False   # quest chain's first step: also writes its sets out (`_kept_sets`)
 
     @property
     def tokens(self) -> int:
@@ -196,6 +199,7 @@ class GraphRunner:
         self._lse: torch.Tensor | None = None              # [global layers, T, H] float32
         self._hist = torch.zeros(MAX_CHAIN, self.max_batch, dtype=torch.int64, device=runner.device)
         self._qhist: torch.Tensor | None = None    # [MAX_CHAIN, B, V]: sampled drafts' distributions
+        self._kept: dict[GraphKey, torch.Tensor] = {}     # quest first steps' sets, [L, B, G, K]
         self._tables_sig = self._indices_sig = None
         self._seq_tables: dict[int, tuple[int, np.ndarray]] = {}
         self._last: GraphKey | None = None       # the last forward's graph (None: not a graph)
@@ -241,7 +245,7 @@ class GraphRunner:
         `first` (ids [n], positions [n] on the device) replaces the entries' tokens and starts,
         so a chain can start from numbers the host has not seen (greedy acceptance on the
         device); the entries' starts are then the largest those positions may be."""
-        key = self._key(entries, None)
+        key = self._key(entries, None, chain=True)
         self._last = None
         if key is None or key.tokens != key.batch or not 1 <= steps <= MAX_CHAIN \
                 or any(e.start + steps > self.width for e in entries):
@@ -255,13 +259,27 @@ class GraphRunner:
         limit[:len(entries)], limit[len(entries):] = limits, 0
         self.buf.field("step", 1)[0] = 0
         self.buf.upload()
+        keep = key.kind == "quest" and any(e.sparse.keep_sets for e in entries)
         graph = self._graph(key)
+        # A trace keeps the first draft step's sets: that step replays a graph that writes them out.
+        first_graph = self._graph(replace(key, keep_sets=True)) if keep else graph
         if first is not None:
             self._start_at(len(entries), *first)
-        for _ in range(steps):
-            graph.replay()
+        for step in range(steps):
+            (first_graph if step == 0 else graph).replay()
+        if keep:
+            self._copy_kept_sets(replace(key, keep_sets=True), entries)
         tokens = self._hist[:steps, :len(entries)]
         return tokens.cpu().numpy() if to_host else tokens
+
+    def _copy_kept_sets(self, key: GraphKey, entries) -> None:
+        """Queue the host copy of the sets a quest chain's first step wrote (before any later
+        chain rewrites them); each view reads its column once the copy is done."""
+        host, done = to_host_async(self._kept[key][:, :len(entries)])
+        for j, e in enumerate(entries):
+            v = e.sparse
+            count = quest_sizes([v.num_pages], [v.base], [v.budget], v.page_size)[0]
+            v.host_copy = (host, done, j, count)
 
     def chain_probs(self, steps: int, n: int) -> torch.Tensor:
         """[steps, n, V] on the device: the distributions the last sampled draft chain drew from
@@ -308,7 +326,9 @@ class GraphRunner:
         return graph
 
     # -- which graph ---------------------------------------------------------------------------
-    def _key(self, entries, collector) -> GraphKey | None:
+    def _key(self, entries, collector, chain: bool = False) -> GraphKey | None:
+        """The graph for these entries, or None. Quest views keeping their sets (traces) are taken
+        only by a chain (`run_chain` records its first step's)."""
         batch = bucket(len(entries), self.max_batch)
         if batch is None or not entries:
             return None
@@ -330,7 +350,7 @@ class GraphRunner:
             return None
         if all(isinstance(v, FixedSelection) for v in views):
             return GraphKey("fixed", batch, groups=max(v.groups for v in views))
-        if all(isinstance(v, BlockQuestSelection) and not v.keep_sets for v in views) \
+        if all(isinstance(v, BlockQuestSelection) and (chain or not v.keep_sets) for v in views) \
                 and len({v.granularity for v in views}) == 1:
             pages = quest_sizes([v.num_pages for v in views], [v.base for v in views],
                                 [v.budget for v in views], views[0].page_size)[1]
@@ -545,4 +565,13 @@ class GraphRunner:
             g.granularity = "layer" if key.groups == 1 else "kv-head"
             g.p_max = self.blocks
             g.sizes = ((key.pages + 1) * self.block_size, key.pages)
+            if key.keep_sets:
+                g.sets_out = self._kept_sets(key, g.sizes[0])
         return g
+
+    def _kept_sets(self, key: GraphKey, width: int) -> torch.Tensor:
+        """[L, B, G, K] int32, the sets a quest chain's first step writes out (one per graph)."""
+        if key not in self._kept:
+            self._kept[key] = torch.zeros(self.runner.config.num_layers, key.batch, key.groups, width,
+                                          dtype=torch.int32, device=self.runner.device)
+        return self._kept[key]

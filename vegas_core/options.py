@@ -50,11 +50,11 @@ class EngineOptions:
     trace: bool = False                    # record per-iteration trace dicts on each request
     attention: str = "auto"                # "auto" (Triton on a GPU), "reference" or "triton"
     cuda_graphs: str = "auto"              # "auto" (on a GPU's kernel path), "off" (eager) or "static"
-    # With CUDA graphs and no trace: plain decode steps a vanilla batch runs on the GPU per host
-    # round trip (a request that stops early wastes at most multi_step - 1 steps of one row).
+    # With CUDA graphs: plain decode steps a vanilla batch runs on the GPU per host round trip (a
+    # request that stops early wastes at most multi_step - 1 steps of one row).
     multi_step: int = 16
-    # With CUDA graphs and no trace: launch the next iteration's chain before returning
-    # (`overlap.Overlap`), so the GPU works while the host emits and schedules.
+    # With CUDA graphs: launch the next iteration's chain before returning (`overlap.Overlap`),
+    # so the GPU works while the host emits, schedules and records the trace.
     run_ahead: bool = True
     # Batch-invariant mode: on the kernel path a position's logits do not depend on the batch, the
     # rows of its forward, or whether a decode step or a verification computed them, so every

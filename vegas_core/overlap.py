@@ -1,6 +1,7 @@
 """Keeping the GPU busy while the host works: one-row steps chained on the GPU, launched an
 iteration ahead. The engine core's iteration (`engine_core.py`) reads the same without any of it;
-this is how it runs on CUDA graphs (`graphs.GraphRunner`) with no trace.
+this is how it runs on CUDA graphs (`graphs.GraphRunner`), tracing or not (a trace reads what the
+host reads anyway, and the selected sets through copies queued where they are made).
 
 - A chain: `steps` one-row forwards replayed on the GPU with no host round trip between them (a
   speculative batch's `gamma` drafts, or up to `multi_step` plain decode steps of a vanilla batch).
@@ -56,7 +57,7 @@ def chain_sampling(reqs: list[Request]):
 class Overlap:
     def __init__(self, core, enabled: bool):
         self.core = core
-        self.enabled = enabled            # run-ahead and early launch (graphs, no trace)
+        self.enabled = enabled            # run-ahead and early launch (graphs)
         self.ahead: Chain | None = None   # a chain launched for the next iteration
         self.marks = None                 # timing marks of the chain the last `take` used
         self.gpu_end = None               # where this iteration's GPU work ends, when a chain follows it
@@ -203,6 +204,8 @@ class Overlap:
         limits = []
         for r, n in zip(reqs, chain.limits):
             left = r.sampling.max_tokens - r.num_generated - n
+            if r.iterations_left is not None:      # step-through: held after this chain's steps
+                left = min(left, r.iterations_left - n)
             if left <= 0:
                 return False          # finishes with this chain: the next batch is another
             limits.append(min(core.decode_steps, left))

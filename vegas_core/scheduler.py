@@ -35,11 +35,14 @@ class Plan:
 def lookahead(req: Request, decode_steps: int = 1) -> int:
     """Cache slots a decode iteration writes past `num_cached`: the pending token, plus the drafts
     once the request has a selection to draft with; a vanilla request may run up to
-    `decode_steps` plain steps in one iteration (never past its max_tokens), greedy or sampled
-    (a chain samples on the GPU)."""
+    `decode_steps` plain steps in one iteration (never past its max_tokens, nor past the steps a
+    step-through lets it run), greedy or sampled (a chain samples on the GPU)."""
     if req.spec.speculative:
         return 1 + (req.spec.gamma if req.selection is not None else 0)
-    return max(1, min(decode_steps, req.sampling.max_tokens - req.num_generated))
+    steps = min(decode_steps, req.sampling.max_tokens - req.num_generated)
+    if req.iterations_left is not None:
+        steps = min(steps, req.iterations_left)
+    return max(1, steps)
 
 
 class Scheduler:

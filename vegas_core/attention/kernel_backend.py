@@ -84,6 +84,7 @@ class _Sparse:
     p_max: int = 0
     sizes: tuple[int, int] = (0, 0)
     host_counts: list[int] = field(default_factory=list)   # entries per request (host copy)
+    sets_out: torch.Tensor | None = None   # [L, B, G, K]: the sets written here too (traces, in a graph)
 
 
 @dataclass
@@ -194,6 +195,8 @@ class KernelBackend:
         idx, counts = quest_positions(scores, g.num_pages, g.tail, g.budgets, g.page_size, sizes=g.sizes)
         out = sparse_attention(q, kc, vc, g.tables, g.ctx, idx, counts, g.tail, self.scale, pdl=self.pdl,
                                **self._sparse)
+        if g.sets_out is not None:
+            g.sets_out[layer, :, :, :idx.shape[2]].copy_(idx)
         for j, i in enumerate(g.seqs):
             view = meta.seqs[i].sparse
             if view.keep_sets:

@@ -12,6 +12,12 @@ the range):
 `--prompt-tokens LO HI` moves a workload's prompt lengths (e.g. long-input at 7,168-7,680, contexts
 near the model's 8K: issue 5's "batch 64 x ~8K").
 
+`--trace-cost ROUNDS`: every method also runs on a second engine that records the trace the app's
+views read (`EngineOptions(trace=True)`), untraced and traced runs alternating ROUNDS times; each
+record gets `trace` (every run's rate, whether the tokens were the same, the traced run's chain
+counters) and `trace_cost` = best untraced rate / best traced rate - 1: the decode time recording
+adds (issue 33 holds it to 10 %).
+
 Bandwidth bound (`bandwidth_bound` in the file, `of_bound` per record): the rate no
 non-speculative decoder passes on this workload, from the copy bandwidth measured at the start of
 the run (`common.copy_bandwidth`), the weights and the batch's KV at the workload's mean context.
@@ -87,6 +93,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(on by default on Hopper and later)")
+    p.add_argument("--trace-cost", type=int, default=0, metavar="ROUNDS",
+                   help="also run every method recording a trace (a second engine), alternating untraced and "
+                        "traced runs ROUNDS times: trace_cost = best untraced / best traced rate - 1 (default: off)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -450,14 +459,19 @@ def run(args, argv: list[str]) -> str:
     workload = build_workload(args, loaded.tokenizer, loaded.config, on_gpu)
     alone = args.alone if args.alone is not None else (4 if on_gpu else 0)
     records, vanilla, header = [], {}, {}
+    runs = 2 * args.trace_cost if args.trace_cost > 0 else 1
     total = len(modes) * len(args.sampling) * len(methods) * \
-        (len(workload.prompts) + min(alone, workload.unique)) * workload.gen_tokens
+        (len(workload.prompts) * runs + min(alone, workload.unique)) * workload.gen_tokens
     bar = common.progress_bar(total, f"e2e {workload.name}")
     bar.unit = "tok"
     compiles = common.TritonCompiles().install()
     for mode in modes:
         engine = engine_for(args, workload, loaded, deterministic=mode == "deterministic")
         parents = prefill_parents(engine, workload)
+        traced = None
+        if args.trace_cost > 0:
+            traced = engine_for(args, workload, loaded, deterministic=mode == "deterministic", trace=True)
+            traced = (traced, prefill_parents(traced, workload))
         if not header:     # the machine, the model and the bound: measured once, for every mode
             header, tuned = _header(args, engine, workload, loaded, modes)
             bound = header["bandwidth_bound"]
@@ -477,6 +491,11 @@ def run(args, argv: list[str]) -> str:
                     vanilla[mode, sampling_name] = stats
                 rec = _record(mode, sampling_name, method, gran, spec, key in tuned, args, workload, stats,
                               vanilla.get((mode, sampling_name)), bound, records)
+                if traced is not None:
+                    rec["trace"] = trace_cost((engine, parents), traced, workload, sampling, spec, stats,
+                                              args.trace_cost,
+                                              dict(progress=bar.update, compiles=lambda: compiles.count))
+                    rec["trace_cost"] = rec["trace"]["trace_cost"]
                 if sampling_name == "greedy" and (mode, sampling_name) in vanilla:
                     base = vanilla[mode, sampling_name]
                     same = [a == b for a, b in zip(stats.outputs, base.outputs)]
@@ -490,7 +509,7 @@ def run(args, argv: list[str]) -> str:
                     "e2e", args.out, engine.device, argv, records, **header,
                     complete=len(records) == len(modes) * len(args.sampling) * len(methods))
         device = engine.device
-        del engine, parents
+        del engine, parents, traced
         _free_device_memory()
     compiles.uninstall()
     bar.close()
@@ -556,10 +575,29 @@ def _free_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def engine_for(args, workload: Workload, loaded, deterministic: bool | None = None):
+def trace_cost(untraced: tuple, traced: tuple, workload: Workload, sampling, spec, first: RunStats,
+               rounds: int, run_args: dict) -> dict:
+    """Untraced runs (`first` is one) and traced ones alternated `rounds` times (each side: an
+    engine and its parents), so a slow spell of a shared machine hits both; the best rate of each
+    side gives `trace_cost`, the decode time that recording adds over the untraced time."""
+    plain, recorded = [first], []
+    for r in range(rounds):
+        if r:
+            plain.append(run_workload(untraced[0], workload, sampling, spec, parents=untraced[1], **run_args))
+        recorded.append(run_workload(traced[0], workload, sampling, spec, parents=traced[1], **run_args))
+    best, best_traced = max(s.tokens_per_s for s in plain), max(s.tokens_per_s for s in recorded)
+    return dict(rounds=rounds, tokens_per_s=[s.tokens_per_s for s in plain],
+                tokens_per_s_traced=[s.tokens_per_s for s in recorded],
+                trace_cost=best / best_traced - 1 if best_traced else None,
+                same_tokens=all(s.outputs == first.outputs for s in plain + recorded),
+                traced_iteration_ms=recorded[-1].iteration_ms, traced_chains=recorded[-1].chains)
+
+
+def engine_for(args, workload: Workload, loaded, deterministic: bool | None = None, trace: bool = False):
     """An engine sized for the workload: the held parents (`prefill_parents`) and `batch`
     sequences at once, all their pages resident (and one more request, `alone_check`'s).
-    `deterministic`: the batch-invariant mode (None: `--deterministic`)."""
+    `deterministic`: the batch-invariant mode (None: `--deterministic`); `trace`: recording every
+    iteration's record."""
     from ..engine import Engine
     from ..options import EngineOptions, KernelOptions
     block = 16
@@ -567,7 +605,7 @@ def engine_for(args, workload: Workload, loaded, deterministic: bool | None = No
     seqs = workload.unique + workload.batch
     if deterministic is None:
         deterministic = bool(getattr(args, "deterministic", False))
-    opts = EngineOptions(block_size=block, num_blocks=per_request * (seqs + 1) + 8,
+    opts = EngineOptions(block_size=block, num_blocks=per_request * (seqs + 1) + 8, trace=trace,
                          max_num_seqs=seqs, max_prefill_tokens=16384, attention=args.attention,
                          cuda_graphs="off" if args.eager else "auto", deterministic=deterministic,
                          kernels=KernelOptions(pdl=not getattr(args, "no_pdl", False)))
@@ -598,6 +636,12 @@ def print_table(records, header: dict, bound: dict, device) -> None:
              r.get("exact_match_vs_vanilla"),
              max((d["logit_gap"] for d in r.get("divergences") or []), default=None),
              r.get("alone_match")] for r in records]
+    if any("trace" in r for r in records):     # --trace-cost
+        cols += ["best tok/s", "traced tok/s", "trace cost %", "same tokens"]
+        for row, r in zip(rows, records):
+            t = r.get("trace") or {}
+            row += [max(t["tokens_per_s"]) if t else None, max(t["tokens_per_s_traced"]) if t else None,
+                    None if t.get("trace_cost") is None else 100 * t["trace_cost"], t.get("same_tokens")]
     r0 = records[0]
     common.print_table(f"e2e: {common.device_description(device)}, {r0['workload']} workload, batch "
                        f"{r0['batch']}, up to {r0['context']} tokens "

@@ -15,7 +15,7 @@ import torch
 from vegas_core.kernels.select import select_layers
 
 from ..attention.metadata import LogitCollector
-from ..transfer import to_device
+from ..transfer import to_device, to_host_async
 from .proposers import Quest, SelectContext, Stream, VerificationGuided
 from .views import BlockQuestSelection, FixedSelection
 
@@ -30,9 +30,10 @@ class SelectItem:
 
 
 def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers: int,
-                 kv_heads: int, device, page_bounds, block_table, keep_sets: bool) -> dict[int, object]:
-    """New selections by request id. `block_table(request_id)` gives a request's physical blocks;
-    `keep_sets`: Quest views keep their first draft step's sets (traces)."""
+                 kv_heads: int, device, page_bounds, block_table, trace: bool) -> dict[int, object]:
+    """New selections by request id. `block_table(request_id)` gives a request's physical blocks.
+    `trace`: the sets are copied to the host as soon as they are made, without waiting for the
+    GPU (`host_copy`), and Quest views keep their first draft step's sets."""
     out: dict[int, object] = {}
     guided: dict[str, list[SelectItem]] = {}
     quest_blocks: list[int] = []
@@ -43,7 +44,7 @@ def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers:
             guided.setdefault(spec.granularity, []).append(it)
         elif isinstance(proposer, Quest):
             out[it.request.request_id] = _quest_view(it, page_bounds, block_table, quest_blocks,
-                                                      keep_sets)
+                                                      trace)
         elif isinstance(proposer, Stream):   # positions only
             out[it.request.request_id] = proposer.select(SelectContext(
                 spec, it.base, num_layers, kv_heads, None, None, it.num_accepted, None, None))
@@ -51,12 +52,12 @@ def select_batch(items: list[SelectItem], collector: LogitCollector, num_layers:
             raise TypeError(f"{type(proposer).__name__} has no batched selection")
     page_bounds.update(quest_blocks)
     for granularity, group in guided.items():
-        out.update(_guided(group, granularity, collector, num_layers, kv_heads, device))
+        out.update(_guided(group, granularity, collector, num_layers, kv_heads, device, trace))
     return out
 
 
 def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector, num_layers: int,
-            kv_heads: int, device) -> dict[int, FixedSelection]:
+            kv_heads: int, device, trace: bool) -> dict[int, FixedSelection]:
     starts, counts, bases, budgets = [], [], [], []
     for it in group:
         rows = collector.rows_of[it.seq_index]
@@ -76,11 +77,14 @@ def _guided(group: list[SelectItem], granularity: str, collector: LogitCollector
         every = stacked.new_zeros(num_layers, *stacked.shape[1:])
         every[list(layers)] = stacked
         stacked = every
+    host = to_host_async(stacked) if trace else None
     sel = {}
     for j, it in enumerate(group):
         view = FixedSelection(it.base, budgets[j], stacked[:, j], it.request.spec.record_recall,
                               layers=layers)
         view.source = (stacked, j)     # lets the next draft batch use `stacked` without copying
+        if host is not None:
+            view.host_copy = (*host, j, budgets[j])
         sel[it.request.request_id] = view
     return sel
 

@@ -1,15 +1,25 @@
 """Per-request sparse views for draft steps (see `attention.SparseView`)."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .select import no_selection, quest_select, stream_positions
 
 
-class _RecallMixin:
-    def _init_recall(self, wanted: bool):
+class _TraceState:
+    """What a trace reads of a view: attention recall per layer (when asked for), the first draft
+    step's sets on the host, and the record made of them once (it serves both the iteration that
+    chose the view and the one that drafted with it)."""
+    chosen_before_drafting = True     # Quest picks its sets from the draft queries instead
+
+    def _init_trace(self, wanted: bool):
         self.wants_recall = wanted
         self.recall_sums: dict[int, list[float]] = {}
+        # (host [L, B, G, K], event or None, column, count): the sets, copied to the host without
+        # waiting for the GPU where they were made; column `column`'s first `count` entries.
+        self.host_copy: tuple | None = None
+        self.trace_record: dict | None = None
 
     def record_recall(self, layer: int, value: float) -> None:
         self.recall_sums.setdefault(layer, []).append(value)
@@ -19,8 +29,21 @@ class _RecallMixin:
             return None
         return [sum(v) / len(v) for v in (self.recall_sums.get(i, [0.0]) for i in range(num_layers))]
 
+    def host_sets(self) -> np.ndarray | list[np.ndarray]:
+        """`first_step_sets` on the host, [L, G, k] or [G, k] per layer: from the copy started when
+        the sets were made (waiting for that copy alone), else copied now."""
+        if self.host_copy is None:
+            return [s.cpu().numpy() for s in self.first_step_sets()]
+        host, done, column, count = self.host_copy
+        if done is not None:
+            done.synchronize()
+        return host[:, column, :, :count].numpy()
 
-class FixedSelection(_RecallMixin):
+    def first_step_sets(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+
+class FixedSelection(_TraceState):
     """One selection per layer made before drafting (vegas, vegas-all, specextend, stream).
 
     `per_layer` is a list of [G, k] position tensors, or one [L, G, K] tensor of which the first
@@ -37,7 +60,7 @@ class FixedSelection(_RecallMixin):
         else:
             self.indices, self._per_layer = None, per_layer
         self.source = None     # (batch tensor [L, B, G, K], column) when made by the batched selection
-        self._init_recall(record_recall)
+        self._init_trace(record_recall)
 
     @property
     def per_layer(self) -> list[torch.Tensor]:
@@ -88,10 +111,11 @@ class StreamSelection(FixedSelection):
         return 1
 
 
-class BlockQuestSelection(_RecallMixin):
+class BlockQuestSelection(_TraceState):
     """MagicDec-Quest on the kernel path: the pages are the KV pool's blocks, their key bounds live
     beside the pool (`kernels.select.update_page_bounds`), and the backend scores the
     `num_pages` complete pages below `base` from each draft query, batched over requests."""
+    chosen_before_drafting = False
 
     def __init__(self, base: int, budget: int, page_size: int, granularity: str,
                  record_recall: bool = False, keep_sets: bool = False):
@@ -100,9 +124,11 @@ class BlockQuestSelection(_RecallMixin):
         self.num_pages = base // page_size
         self.keep_sets = keep_sets          # traces want the first draft step's sets
         self._first: dict[int, torch.Tensor] = {}
-        self._init_recall(record_recall)
+        self._init_trace(record_recall)
 
     def note_positions(self, layer: int, pos: torch.Tensor) -> None:
+        """The eager kernel path's first draft step's sets (a chain's come as `host_copy`)."""
+        self.host_copy = None
         self._first.setdefault(layer, pos)
 
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
@@ -112,15 +138,16 @@ class BlockQuestSelection(_RecallMixin):
         return [self._first[i] for i in sorted(self._first)]
 
 
-class QuestSelection(_RecallMixin):
+class QuestSelection(_TraceState):
     """MagicDec-Quest: re-scores the pages at every draft step and layer from the current query."""
+    chosen_before_drafting = False
 
     def __init__(self, base: int, budget: int, bounds: list[tuple[torch.Tensor, torch.Tensor]],
                  page_size: int, granularity: str, record_recall: bool = False):
         self.base, self.budget, self.bounds = base, budget, bounds
         self.page_size, self.granularity = page_size, granularity
         self._first: dict[int, torch.Tensor] = {}
-        self._init_recall(record_recall)
+        self._init_trace(record_recall)
 
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         kmin, kmax = self.bounds[layer]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -35,28 +35,72 @@ def looks_like_positions(text: str) -> bool:
 
 def encode_positions(positions: np.ndarray | Iterable[int]) -> str:
     """Encode a set of non-negative integer positions (any order, duplicates allowed) as text."""
-    arr = np.asarray(positions if isinstance(positions, np.ndarray) else list(positions))
-    if arr.size == 0:
-        return ""
-    if arr.dtype.kind not in "iu":
-        raise ValueError(f"positions must be integers, got dtype {arr.dtype}")
-    if arr.dtype.kind == "i" and int(arr.min()) < 0:
-        raise ValueError(f"positions must be non-negative, got {int(arr.min())}")
-    if arr.dtype.kind == "u" and int(arr.max()) > int(_INT64_MAX):
-        raise ValueError("positions must fit in int64")
-    values = np.unique(arr.reshape(-1)).astype(np.uint64)
-    gaps = np.diff(values, prepend=np.uint64(0))
+    return encode_position_sets([positions])[0]
+
+
+def encode_position_sets(sets: Sequence[np.ndarray | Iterable[int]]) -> list[str]:
+    """`encode_positions` of every set."""
+    return encode_position_rows([_as_int64(s).reshape(1, -1) for s in sets])
+
+
+def encode_position_rows(blocks: Sequence[np.ndarray]) -> list[str]:
+    """`encode_positions` of every row of every 2-D block ([sets, k], in order), in one pass of
+    array operations over all of them: a trace records every layer (and KV head) of a batch's
+    selections each iteration, which one call per set would spend milliseconds of host time on."""
+    blocks = [_as_int64(b) for b in blocks]
+    lengths = np.concatenate([np.full(b.shape[0], b.shape[1] if b.ndim == 2 else 0, dtype=np.int64)
+                              for b in blocks]) if blocks else np.zeros(0, dtype=np.int64)
+    out = [""] * len(lengths)
+    if not lengths.any():
+        return out
+    flat = np.concatenate([b.reshape(-1) for b in blocks])
+    if int(flat.min()) < 0:
+        raise ValueError(f"positions must be non-negative, got {int(flat.min())}")
+    keep = np.flatnonzero(lengths)
+    lengths = lengths[keep]
+    starts = np.cumsum(lengths) - lengths
+    gaps = np.diff(flat, prepend=0)
+    gaps[starts] = flat[starts]
+    inner = np.ones(flat.size, dtype=bool)
+    inner[starts] = False
+    if not bool((gaps[inner] > 0).all()):      # unsorted or repeated: store each as a set
+        sets = [np.unique(flat[a:a + n]) for a, n in zip(starts.tolist(), lengths.tolist())]
+        flat = np.concatenate(sets)
+        lengths = np.fromiter((x.size for x in sets), dtype=np.int64, count=len(sets))
+        starts = np.cumsum(lengths) - lengths
+        gaps = np.diff(flat, prepend=0)
+        gaps[starts] = flat[starts]
+    gaps = gaps.astype(np.uint64)
     # Bytes per value: ceil(bit_length / 7), at least 1.
     nbytes = np.ones(gaps.shape, dtype=np.int64)
+    top = int(gaps.max())
     for k in range(1, _MAX_VARINT_BYTES):
+        if top < 1 << (7 * k):
+            break
         nbytes += gaps >= np.uint64(1 << (7 * k))
     width = int(nbytes.max())
     shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     groups = (gaps[:, None] >> shifts[None, :]) & np.uint64(0x7F)
     cols = np.arange(width)[None, :]
     groups |= np.where(cols < nbytes[:, None] - 1, np.uint64(0x80), np.uint64(0))
-    out = groups[cols < nbytes[:, None]].astype(np.uint8)     # row-major: value by value
-    return base64.b64encode(out.tobytes()).decode("ascii")
+    data = groups[cols < nbytes[:, None]].astype(np.uint8).tobytes()     # row-major: value by value
+    ends = np.cumsum(np.add.reduceat(nbytes, starts)).tolist()
+    begin = 0
+    for i, end in zip(keep.tolist(), ends):
+        out[i] = base64.b64encode(data[begin:end]).decode("ascii")
+        begin = end
+    return out
+
+
+def _as_int64(positions) -> np.ndarray:
+    arr = np.asarray(positions if isinstance(positions, np.ndarray) else list(positions))
+    if arr.size == 0:
+        return arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise ValueError(f"positions must be integers, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and int(arr.max()) > int(_INT64_MAX):
+        raise ValueError("positions must fit in int64")
+    return arr.astype(np.int64, copy=False)
 
 
 def decode_positions(text: str) -> np.ndarray:

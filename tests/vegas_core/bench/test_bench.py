@@ -143,6 +143,23 @@ def test_e2e_runs_every_method_side_by_side_and_stays_lossless(tmp_path, tiny_mo
             assert r["exact_match_vs_vanilla"] == 1.0    # speculation is lossless through the harness
 
 
+def test_e2e_trace_cost_runs_every_method_traced_and_untraced(tmp_path, tiny_model):
+    """`--trace-cost`: each method also runs on an engine recording the trace, untraced and traced
+    runs alternating; the same tokens, and the cost as the share of decode time tracing adds."""
+    argv = ["e2e", "--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "1",
+            "--gen-tokens", "6", "--methods", "vanilla", "vegas", "--sampling", "greedy", "--gamma", "2",
+            "--trace-cost", "2", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    recs = _load(tmp_path, "e2e")["records"]
+    assert [r["method"] for r in recs] == ["vanilla", "vegas"]
+    for r in recs:
+        t = r["trace"]
+        assert t["rounds"] == 2 and len(t["tokens_per_s"]) == len(t["tokens_per_s_traced"]) == 2
+        assert t["tokens_per_s"][0] == r["tokens_per_s"] and min(t["tokens_per_s_traced"]) > 0
+        assert r["trace_cost"] == pytest.approx(max(t["tokens_per_s"]) / max(t["tokens_per_s_traced"]) - 1)
+        assert t["same_tokens"] is True and t["traced_iteration_ms"] > 0
+
+
 def test_bandwidth_bound_is_the_designs_22k_at_batch_64_and_8k():
     """DESIGN.md: SmolLM2's 23,040 bf16 bytes of KV a token, batch 64 at 8K contexts, about
     4.2 TB/s: about 22,000 tokens/s for any non-speculative decoder."""

@@ -56,3 +56,24 @@ def test_encode_rejects_negative_or_fractional(bad):
 def test_decode_rejects_malformed_text(text, message):
     with pytest.raises(TraceError, match=message):
         decode_positions(text)
+
+
+def test_many_sets_at_once_encode_as_each_alone():
+    """`encode_position_sets` (a selection's every layer and head in one call) gives each set's own
+    encoding: sorted and unsorted sets, repeats, empty ones, mixed dtypes and varint widths."""
+    from vegas_core.trace.positions import encode_position_rows, encode_position_sets
+    rng = np.random.default_rng(7)
+    sets = [np.sort(rng.choice(8192, 573, replace=False)), np.zeros(0, dtype=np.int32),
+            np.array([9, 3, 3, 0], dtype=np.int32), np.arange(0, 40, 3, dtype=np.uint16),
+            np.array([2**40, 5, 2**62]), [1], np.sort(rng.choice(300, 16, replace=False)).astype(np.int32)]
+    texts = encode_position_sets(sets)
+    assert texts == [encode_position_sets([s])[0] for s in sets]
+    for s, t in zip(sets, texts):
+        np.testing.assert_array_equal(decode_positions(t), np.unique(np.asarray(s, dtype=np.int64)))
+    assert encode_position_sets([]) == [] and encode_position_sets([[], []]) == ["", ""]
+    with pytest.raises(ValueError):
+        encode_position_sets([[1, 2], [-3]])
+    # Blocks of rows (a selection's [layers x heads, k] sets, one block per request).
+    blocks = [rng.integers(0, 5000, (6, 40)), np.zeros((3, 0), dtype=np.int32),
+              np.sort(rng.choice(9000, (4, 573))).astype(np.int32)]
+    assert encode_position_rows(blocks) == encode_position_sets([row for b in blocks for row in b])
