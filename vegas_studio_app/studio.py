@@ -98,11 +98,14 @@ def check_prompt(prompt) -> str:
     return prompt
 
 
-def compare_mode(mode: str, dtype) -> str:
-    """What Compare's lossless check rests on with this engine (`Engine.mode`), for its verdict."""
+def compare_mode(mode: str, dtype, asked: bool = False) -> str:
+    """What Compare's lossless check rests on with this engine (`Engine.mode`; `asked`: the app
+    asked for the batch-invariant mode), for its verdict."""
     name = str(dtype).replace("torch.", "")
     if mode == "deterministic":
         return f"batch-invariant kernels, {name}: equal means bit for bit"
+    if mode == "default" and asked:
+        return f"Triton kernels, {name}: this model's layers are not batch-invariant, a near-tie may round apart"
     if mode == "default":
         return f"default kernels, {name}: a near-tie may round apart; start the app with --deterministic"
     if name == "float32":
@@ -635,7 +638,7 @@ class Studio:
             state = "n/a"
         engine = self.worker.engine
         yield table(), (f"done: compare {group}, {len(methods)} methods, {verdict[state]} "
-                        f"({compare_mode(engine.mode, engine.dtype)})")
+                        f"({compare_mode(engine.mode, engine.dtype, engine.core.options.deterministic)})")
 
     # -- export / replay -----------------------------------------------------------------------
     def _export_runs(self, s: Session) -> list:

@@ -234,4 +234,5 @@ def test_the_apps_engine_asks_for_batch_invariant_kernels(worker):
     assert compare_mode(worker.engine.mode, worker.engine.dtype) == "float32 reference path"
     assert "bit for bit" in compare_mode("deterministic", "torch.bfloat16")
     assert "--deterministic" in compare_mode("default", "torch.bfloat16")
+    assert "not batch-invariant" in compare_mode("default", "torch.bfloat16", asked=True)   # Gemma 3
     assert worker.with_model(None).deterministic
