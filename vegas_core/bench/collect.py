@@ -160,7 +160,7 @@ class _Bench:
             reqs = [SimpleNamespace(request_id=i, spec=spec, policy_cache={}) for i in range(n)]
             items = [SelectItem(i, reqs[i], base, 0, rows) for i in range(n)]
             new = select_batch(items, collector, cfg.num_layers, cfg.num_kv_heads, self.device,
-                               self.runner.page_bounds, self.alloc.block_table, keep_sets=False)
+                               self.runner.page_bounds, self.alloc.block_table, trace=False)
             return [new[i] for i in range(n)]
         return [spec.proposer.select(SelectContext(
             spec, base, cfg.num_layers, cfg.num_kv_heads, (collector.logits[i], collector.lse[i]),
