@@ -72,6 +72,13 @@ class FixedSelection(_TraceState):
     def positions(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         return self.per_layer[layer]
 
+    def host_sets(self) -> np.ndarray | list[np.ndarray]:
+        sets = super().host_sets()
+        if self.layers is None or len(self.layers) == len(sets):
+            return sets
+        # A hybrid model's sliding layers select nothing: their rows of the copy are padding.
+        return [s if i in self.layers else s[:, :0] for i, s in enumerate(sets)]
+
     @property
     def groups(self) -> int:
         """Sets per layer: 1 (one per layer) or the KV heads (one per KV head)."""
