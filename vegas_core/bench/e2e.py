@@ -81,7 +81,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="method[/granularity] list (default: vanilla stream quest specextend vegas vegas-all "
                         "vegas/kv-head)")
     p.add_argument("--sampling", nargs="+", default=["greedy", "model-card"], choices=list(SAMPLINGS))
-    p.add_argument("--tuned", default=None, help="tune result file (default: the latest for this model and device)")
+    p.add_argument("--tuned", nargs="+", default=None, metavar="FILE",
+                   help="tune result file(s) (default: the latest for this model and device); several files, "
+                        "e.g. one tune per group of methods, are read together, a method tuned in two is an error")
     p.add_argument("--gamma", type=int, default=6, help="gamma without a tuned setting (default: 6)")
     p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
     p.add_argument("--modes", nargs="+", default=None, choices=list(MODES),
@@ -412,9 +414,11 @@ def _linear_configs() -> dict:
 
 
 # -- tuned settings ------------------------------------------------------------------------------
-def find_tuned(path: str | None, out_dir: str, model_name: str, device) -> tuple[dict, str | None]:
-    """{"method/granularity": {"gamma", "sparsity"}} from a tune result, and its path."""
-    if path is None:
+def find_tuned(paths: list[str] | str | None, out_dir: str, model_name: str, device) -> tuple[dict, str | None]:
+    """{"method/granularity": {"gamma", "sparsity"}} from tune results, and their paths ("; "-joined)."""
+    if isinstance(paths, str):
+        paths = [paths]
+    if not paths:
         tag = common.device_tag(device)
         for cand in sorted(glob.glob(os.path.join(out_dir, f"tune-*-{tag}.json")), reverse=True):
             try:
@@ -423,13 +427,21 @@ def find_tuned(path: str | None, out_dir: str, model_name: str, device) -> tuple
             except (OSError, ValueError):
                 continue
             if doc.get("model_name") == model_name and doc.get("complete"):
-                path = cand
+                paths = [cand]
                 break
-        if path is None:
+        if not paths:
             return {}, None
-    with open(path, encoding="utf-8") as f:
-        doc = json.load(f)
-    return dict(doc.get("tuned", {})), path
+    tuned: dict = {}
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        if doc.get("model_name") not in (None, model_name):
+            raise SystemExit(f"--tuned {path}: tuned for {doc['model_name']}, not {model_name}")
+        twice = set(tuned) & set(doc.get("tuned", {}))
+        if twice:
+            raise SystemExit(f"--tuned {path}: {', '.join(sorted(twice))} already tuned in an earlier file")
+        tuned.update(doc.get("tuned", {}))
+    return tuned, "; ".join(paths)
 
 
 def parse_methods(items: list[str] | None) -> list[tuple[str, str]]:

@@ -477,3 +477,24 @@ def test_frozen_heap_hides_what_lives_and_gives_it_back():
     del before
     gc.collect()
     assert gone() is None
+
+
+def test_tuned_settings_from_several_files_are_read_together(tmp_path):
+    """One tune per group of methods (each within a device call's time): e2e reads them as one;
+    a method tuned in two files, or a file for another model, is an error, not a silent pick."""
+    from vegas_core.bench.e2e import find_tuned
+
+    def tune_file(name, model, tuned):
+        path = tmp_path / name
+        path.write_text(json.dumps(dict(model_name=model, complete=True, tuned=tuned)))
+        return str(path)
+
+    a = tune_file("a.json", "m", {"stream/layer": {"gamma": 8, "sparsity": 0.05}})
+    b = tune_file("b.json", "m", {"vegas/layer": {"gamma": 6, "sparsity": 0.07}})
+    tuned, source = find_tuned([a, b], str(tmp_path), "m", None)
+    assert tuned == {"stream/layer": {"gamma": 8, "sparsity": 0.05}, "vegas/layer": {"gamma": 6, "sparsity": 0.07}}
+    assert source == f"{a}; {b}"
+    with pytest.raises(SystemExit, match="stream/layer already tuned"):
+        find_tuned([a, a], str(tmp_path), "m", None)
+    with pytest.raises(SystemExit, match="tuned for other"):
+        find_tuned([tune_file("c.json", "other", {})], str(tmp_path), "m", None)
