@@ -498,3 +498,34 @@ def test_tuned_settings_from_several_files_are_read_together(tmp_path):
         find_tuned([a, a], str(tmp_path), "m", None)
     with pytest.raises(SystemExit, match="tuned for other"):
         find_tuned([tune_file("c.json", "other", {})], str(tmp_path), "m", None)
+
+
+def test_profile_writes_each_methods_operators_largest_first(tmp_path, tiny_model):
+    argv = ["profile", "--model", tiny_model, "--device", "cpu", "--workload", "small", "--batch", "2",
+            "--gen-tokens", "24", "--steps", "2", "--methods", "vanilla", "vegas", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    doc = _load(tmp_path, "profile")
+    assert [r["method"] for r in doc["records"]] == ["vanilla", "vegas"]
+    for r in doc["records"]:
+        assert r["steps"] == 2 and r["tokens"] >= 2 and r["wall_ms"] > 0
+        assert r["busy_ms"] is None                       # a CPU: operators' own time, no GPU busy time
+        ms = [k["ms"] for k in r["kernels"]]
+        assert ms == sorted(ms, reverse=True) and ms[0] > 0
+        assert abs(sum(k["share"] for k in r["kernels"]) - 1) < 1e-6
+        assert any("mm" in k["name"] or "linear" in k["name"] for k in r["kernels"][:10])
+
+
+def test_profile_busy_time_is_the_union_of_kernel_intervals():
+    from vegas_core.bench.profile import _union_us
+    assert _union_us([(0, 10), (5, 12), (20, 25), (21, 22)]) == 17
+    assert _union_us([]) == 0
+
+
+def test_app_bench_rates_count_the_tokens_after_the_first_event_and_report_the_median_run():
+    from vegas_core.bench.app import _rate, median_run
+    # 16 tokens in the first event (a chain), then 3 events of 16 over 0.3 s: 48 tokens / 0.3 s
+    assert _rate([16, 16, 16, 16], [1.0, 1.1, 1.2, 1.3]) == pytest.approx(160.0)
+    assert _rate([5], [1.0]) is None
+    runs = iter([dict(tokens_per_s=3.0), dict(tokens_per_s=1.0), dict(tokens_per_s=2.0)])
+    mid = median_run(lambda: next(runs), 3)
+    assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
