@@ -5,7 +5,9 @@ and warmed up (graphs captured, kernels compiled), `--steps` engine steps run un
 `torch.profiler`. Per method: the wall time of those steps, the GPU's busy time (the union of its
 kernels' intervals; the rest is the GPU waiting on the host), and every kernel's total time, launch
 count and share of the busy time, largest first. Kernels replayed from CUDA graphs are recorded
-like eager ones. On a CPU the records are the operators' own CPU time instead.
+like eager ones. With programmatic dependent launch (Hopper's default) a kernel starts while the one
+before it runs and waits for it, so its time includes that wait: `--no-pdl` for each kernel's own.
+On a CPU the records are the operators' own CPU time instead.
 """
 from __future__ import annotations
 
@@ -28,7 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sparsity", type=float, default=0.07, help="sparsity without a tuned setting (default: 0.07)")
     p.add_argument("--sampling", default="greedy", choices=list(e2e.SAMPLINGS),
                    help="the e2e sampling settings (default: greedy)")
-    p.add_argument("--steps", type=int, default=4, help="engine steps profiled per method (default: 4)")
+    p.add_argument("--steps", type=int, default=4,
+                   help="engine steps that emit tokens profiled per method (default: 4)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="launch without programmatic dependent launch: with it a kernel starts before "
+                        "the one it depends on ends, and its time includes that wait")
     p.add_argument("--top", type=int, default=12, help="kernels printed per method (default: 12)")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
@@ -61,7 +67,7 @@ def run(args, argv: list[str]) -> str:
                             sparsity=spec.sparsity if method != "vanilla" else None,
                             tuned=f"{method}/{gran}" in tuned, sampling=args.sampling, batch=workload.batch, **rec))
     path = common.write_results("profile", args.out, engine.device, argv, records, model=engine.source,
-                                model_name=engine.config.name, tuned_from=tuned_path,
+                                model_name=engine.config.name, tuned_from=tuned_path, pdl=not args.no_pdl,
                                 workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
                                               gen_tokens=workload.gen_tokens))
     for r in records:
@@ -93,12 +99,16 @@ def profile_method(engine, workload, parents, sampling, spec, steps: int) -> dic
             warm += 1
     on_gpu = engine.device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    tokens = 0
+    tokens = emitted = 0
     common.sync(engine.device)
     with profile(activities=activities) as prof:
         t = time.perf_counter()
-        for _ in range(steps):
-            tokens += sum(len(e.new_token_ids) for e in engine.step())
+        while emitted < steps:          # a step whose chain is still running emits nothing
+            if all(r.finished for r in reqs):
+                raise SystemExit(f"{spec.method}: the requests finished while profiled; raise --gen-tokens")
+            n = sum(len(e.new_token_ids) for e in engine.step())
+            tokens += n
+            emitted += n > 0
         common.sync(engine.device)
         wall = time.perf_counter() - t
     for r in reqs:

@@ -529,3 +529,15 @@ def test_app_bench_rates_count_the_tokens_after_the_first_event_and_report_the_m
     runs = iter([dict(tokens_per_s=3.0), dict(tokens_per_s=1.0), dict(tokens_per_s=2.0)])
     mid = median_run(lambda: next(runs), 3)
     assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
+
+
+def test_linear_names_each_projection_of_the_layer_and_needs_a_gpu(capsys, tiny_model):
+    from vegas_core.bench.linear import model_shapes
+    from vegas_core.loader import load_model
+    cfg = load_model(tiny_model).config
+    shapes = {s["name"]: s for s in model_shapes(cfg)}
+    assert shapes["qkv"]["n"] == (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+    assert (shapes["gate_up"]["n"], shapes["gate_up"]["kind"]) == (cfg.intermediate_size, "silu")
+    assert (shapes["down_proj"]["n"], shapes["down_proj"]["k"]) == (cfg.hidden_size, cfg.intermediate_size)
+    assert main(["linear", "--model", tiny_model, "--device", "cpu"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
