@@ -1,15 +1,17 @@
 """`python -m vegas_core.bench app`: the app against the engine it drives, in one run.
 
 First the engine alone (warmed up: graphs captured, kernels compiled) streams each prompt at batch 1
-and generates `--clients` prompts at once; then `python app.py` starts on the same device and the
+and generates `--clients` prompts at once; then `python app.py` starts on the same device, is warmed
+up the same way (one request, then all clients at once), and the
 same prompts stream through its `stream_tokens` API with gradio_client, one client, then all clients
 at once, each client with its own gradio_client `Client` (its own session, as separate users
 are); and, as a script that reuses one `Client` does, a second request right after a first on the
 same `Client` ("shared"). The clients of the many-client phase connect first and submit together
 (users open the page before they press Generate). Per client: tokens/s over the decode (the tokens
-after the first token event over the time since it), time to first token (from the submit), and the
-largest gap between events, with where each event was on the server (`t_engine`: the engine thread
-emitted it, `t_sent`: the API yielded it) so a gap can be placed: engine, hand-over, or transport.
+after the first token event over the time since it), time to first token (from the submit;
+`engine_ttft_s`: until the engine thread emitted it), and the largest gap between events, with
+where each event was on the server (`t_engine`: the engine thread emitted it, `t_sent`: the API
+yielded it) so a gap can be placed: engine, hand-over, or transport.
 Clients together: all their tokens over the time from the submits to the last token. Each kind is
 measured `--repeats` times and the median run reported. `ratio` fields: app / engine at the same
 batch. Greedy, chat prompts of `--prompt-tokens` tokens of real text, `--max-tokens` generated (both
@@ -65,7 +67,8 @@ def run(args, argv: list[str]) -> str:
         torch.cuda.empty_cache()
     with AppServer(args) as app:
         for method in args.methods:
-            app.stream(prompts[0], method)                       # warm-up: graphs, kernels
+            app.stream(prompts[0], method)                       # warm-up: graphs, kernels, at batch 1
+            app.together(prompts, method)                        # and at the batch sizes clients make
             one = median_run(lambda: app.stream(prompts[0], method), args.repeats)
             client = app.new_client()
             app.stream(prompts[0], method, client)
@@ -234,6 +237,7 @@ class AppServer:
         return dict(tokens=n_tokens, events=len(events), tokens_per_s=_rate([e[1] for e in events], arrivals),
                     t_submit=t0, t_last=arrivals[-1] if arrivals else None,
                     ttft_s=arrivals[0] - t0 if arrivals else None, max_gap_s=max(gaps, default=None),
+                    engine_ttft_s=events[0][2] - t0 if events and events[0][2] else None,
                     first_to_last_s=arrivals[-1] - arrivals[0] if arrivals else None,
                     max_engine_gap_s=max(engine_gaps, default=None),
                     max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
@@ -312,6 +316,8 @@ class AppServer:
         total = sum(r["tokens"] for r in results)
         return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
+                    per_client_ttft_s=[r["ttft_s"] for r in results],
+                    per_client_engine_ttft_s=[r["engine_ttft_s"] for r in results],
                     ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
 
 
