@@ -19,7 +19,7 @@ import torch
 
 from . import common
 
-GRID = dict(block_m=(16, 64), block_n=(16, 32, 64), block_k=(64, 128, 256), warps=(4, 8), stages=(3,))
+GRID = dict(block_m=(16, 64), block_n=(16, 32, 64), block_k=(64, 128), warps=(4, 8), stages=(3,))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
