@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_model:
         worker = EngineWorker(args.model, args.device, args.dtype, max_num_seqs=max(16, args.concurrency),
                               attention=args.attention, cuda_graphs="off" if args.eager else "auto",
-                              deterministic=args.deterministic).start()
+                              deterministic=args.deterministic, warm_up_batch=args.concurrency).start()
         print("Vegas Studio: loading the model in the background (the page shows progress)…", flush=True)
     if not args.abandon_after > 0:
         print(f"error: --abandon-after must be > 0, got {args.abandon_after:g}", file=sys.stderr)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from vegas_core.errors import VegasError
 from vegas_core.sampling import SamplingParams
 from vegas_core.spec import SpecParams
+from vegas_studio_app.warmup import warm_up
 
 
 class EngineNotReady(VegasError):
@@ -117,8 +118,10 @@ class Handle:
 class EngineWorker:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None,
-                 attention: str = "auto", cuda_graphs: str = "auto", deterministic: bool = True):
+                 attention: str = "auto", cuda_graphs: str = "auto", deterministic: bool = True,
+                 warm_up_batch: int = 8):
         self.model, self.device, self.dtype = model, device, dtype
+        self.warm_up_batch = warm_up_batch      # on a GPU, graphs are captured up to this batch at start
         self.attention, self.cuda_graphs = attention, cuda_graphs
         self.deterministic = deterministic      # EngineOptions.deterministic (Compare's exact check)
         self.max_num_seqs = max_num_seqs
@@ -130,6 +133,8 @@ class EngineWorker:
         self.error: str | None = None
         self.load_started = time.monotonic()
         self.load_time_s: float | None = None
+        self.warming: str | None = None     # what the start-up warm-up runs now
+        self.warm_up_s: float | None = None
         self.peak_active = 0
         self._commands: "queue.Queue[tuple]" = queue.Queue()
         self._handles: dict[int, Handle] = {}
@@ -143,7 +148,8 @@ class EngineWorker:
         """A new (not yet started) worker with this one's settings for another model. It stops this
         one and frees its engine before loading: two models at once may not fit in memory."""
         new = EngineWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
-                           self._factory, self.attention, self.cuda_graphs, self.deterministic)
+                           self._factory, self.attention, self.cuda_graphs, self.deterministic,
+                           self.warm_up_batch)
         new._previous = self
         return new
 
@@ -165,14 +171,18 @@ class EngineWorker:
 
     def status_line(self) -> str:
         if self.state == "loading":
+            if self.warming:
+                return (f"Warming up on the GPU (capturing CUDA graphs, compiling kernels): {self.warming}… "
+                        f"{time.monotonic() - self.load_started:.0f} s")
             return f"Loading the model… {time.monotonic() - self.load_started:.0f} s"
         if self.state == "failed":
             return f"The model failed to load: {self.error}"
         e = self.engine
         attention = {"deterministic": "Triton kernels, batch-invariant", "default": "Triton kernels",
                      "reference": "PyTorch reference attention"}[e.mode]
+        warmed = f", warmed up in {self.warm_up_s:.1f} s" if self.warm_up_s is not None else ""
         return (f"Ready: {e.config.name or e.source} on {e.device} ({str(e.dtype).replace('torch.', '')}, "
-                f"{attention}), loaded in {self.load_time_s:.1f} s")
+                f"{attention}), loaded in {self.load_time_s:.1f} s{warmed}")
 
     def submit(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool = True,
                timeout: float = 60.0) -> Handle:
@@ -210,6 +220,7 @@ class EngineWorker:
                                                            cuda_graphs=self.cuda_graphs,
                                                            deterministic=self.deterministic))
             self.load_time_s = time.monotonic() - self.load_started
+            self._warm_up()
             self.state = "ready"
         except Exception as e:  # a bad --model path must show in the UI, not kill the server
             self.error = f"{type(e).__name__}: {e}"
@@ -217,6 +228,19 @@ class EngineWorker:
         finally:
             print(f"Vegas Studio: {self.status_line()}", flush=True)
             self._ready.set()
+
+    def _warm_up(self) -> None:
+        """On a GPU, each method's graphs and kernels at every batch bucket up to `warm_up_batch`
+        (`warmup.py`), with the status line saying which."""
+        def progress(i: int, n: int, method: str, batch: int) -> None:
+            self.warming = f"{method} at batch {batch} ({i + 1} of {n})"
+
+        t = time.monotonic()
+        try:
+            if warm_up(self.engine, self.warm_up_batch, progress):
+                self.warm_up_s = time.monotonic() - t
+        finally:
+            self.warming = None
 
     def _run(self) -> None:
         self._load()
