@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,tune,app} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,tune,app,invariant} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, app, collect, decode, e2e, kernels, tune
+from . import acceptance, agreement, app, collect, decode, e2e, invariant, kernels, tune
 
 
 # name -> (module with add_arguments / run / a docstring, one-line help)
@@ -22,6 +22,7 @@ BENCHMARKS = {
     "e2e": (e2e, "every method on one workload, side by side"),
     "app": (app, "the app streaming through its API against the engine alone, 1 and N clients"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
+    "invariant": (invariant, "the batch-invariant mode's launches: timed beside the default's, bits checked"),
 }
 
 
