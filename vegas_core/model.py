@@ -37,12 +37,15 @@ class FusedOps:
 
     def __init__(self, options: KernelOptions):
         pdl = options.pdl
+        # The batch-invariant mode's product launches (`InvariantConfig.linear`), where it sets any.
+        table = options.invariant.linear_table() if options.deterministic else None
         self.add_rms_norm = partial(add_rms_norm, pdl=pdl)
         self.rotary_qkv = partial(rotary_qkv, pdl=pdl)
         self.silu_mul = partial(silu_mul, pdl=pdl)
-        self.norm_linear = partial(norm_linear, pdl=pdl)
-        self.linear_add = partial(linear_add, pdl=pdl)
-        self.norm_linear_rotary = partial(norm_linear_rotary, pdl=pdl)
+        self.norm_linear = partial(norm_linear, pdl=pdl, table=table)
+        self.linear_add = partial(linear_add, pdl=pdl, table=table)
+        self.norm_linear_rotary = partial(norm_linear_rotary, pdl=pdl, table=table)
+        self.head_config = options.invariant.head if options.deterministic else None
 
 
 class RMSNorm(nn.Module):
@@ -278,7 +281,7 @@ class CausalLM(nn.Module):
                 hidden = hidden[logit_rows]
             if self.deterministic:
                 return ops.norm_linear(hidden, norm.weight, norm.eps, self.lm_head.weight,
-                                       config=head_config())
+                                       config=head_config(ops.head_config))
             return self.lm_head(ops.add_rms_norm(hidden, norm.weight, norm.eps)[0])
         delta, residual = x, None
         for layer in self.model.layers:

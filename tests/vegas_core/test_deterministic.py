@@ -8,16 +8,20 @@ GPU's dtype), under Triton's interpreter with its `tl.dot` run row by row as ten
 - Every method's greedy output equals vanilla's, through the CUDA-graph path's static buffers
   (`cuda_graphs="static"`: what a GPU replays, without capturing).
 - A seeded sampled request gives the same tokens alone and in a batch, vanilla and Vegas.
+- An `InvariantConfig` read from a `bench invariant` result reaches the kernels (a tuned launch
+  with row chunks, small splits and the fused merge keeps the first point's promise too).
 
 A tiny 2-layer Llama with SmolLM2's GQA ratio (6 query heads, 2 KV heads). The kernels' own rows
 are checked in tests/vegas_core/kernels/test_batch_invariance.py.
 """
 import dataclasses
+import json
 import os
 
 import pytest
 import torch
 
+import vegas_core.kernels.verify_attention as va
 from tests.engine_helpers import run_forked
 from tests.row_dot import row_by_row_dot
 from vegas_core.block_manager import BlockAllocator
@@ -25,7 +29,7 @@ from vegas_core.engine_core import EngineCore
 from vegas_core.errors import InvalidRequestError
 from vegas_core.loader import load_model
 from vegas_core.model_runner import BatchEntry, ModelRunner
-from vegas_core.options import EngineOptions, KernelOptions
+from vegas_core.options import EngineOptions, InvariantConfig, KernelOptions
 from vegas_core.sampling import SamplingParams
 from vegas_core.spec import SpecParams
 
@@ -67,13 +71,73 @@ def test_the_option_is_validated_and_reaches_the_kernels():
     assert not EngineOptions(kernels=KernelOptions(deterministic=True)).kernels.deterministic
 
 
-def test_a_position_has_the_same_logits_and_kv_in_any_forward(tiny):
+# A tuned launch as `bench invariant` could propose it for the tiny model (6 / 2 heads of 16):
+# a 16-row tile (5 rows a program: verifications and prefill pieces in row chunks), 16-key tiles
+# and 32-key splits (the 62-token contexts cross both), the fused merge, page prefetch.
+TUNED = InvariantConfig(block_m=16, block_n=16, split_keys=32, fused_merge=True, page_ahead=1,
+                        num_stages=3, linear=(((160, 96, False), (16, 64, 64, 4, 3)),),
+                        head=(64, 256, 64, 8, 3))
+
+
+def _bench_result(path, config: InvariantConfig) -> str:
+    """A `bench invariant` result file holding `config` for the tiny model's shape beside another."""
+    doc = {"best": {"qwen2.5-0.5b": {"shape": dict(heads=14, kv_heads=2, head_dim=64),
+                                     "config": InvariantConfig(block_m=32).to_dict()},
+                    "tiny": {"shape": dict(heads=6, kv_heads=2, head_dim=16), "config": config.to_dict()}}}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_an_invariant_config_round_trips_through_json(tmp_path):
+    loaded = InvariantConfig.from_file(_bench_result(tmp_path / "inv.json", TUNED), 6, 2, 16)
+    assert loaded == TUNED and loaded.source.endswith("inv.json#tiny")
+    assert loaded.linear_table() == {(160, 96, False): (16, 64, 64, 4, 3)}
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(TUNED.to_dict()))
+    assert InvariantConfig.from_file(str(bare), 6, 2, 16) == TUNED
+    assert InvariantConfig.from_dict(InvariantConfig().to_dict()) == InvariantConfig()
+    with pytest.raises(InvalidRequestError, match="no invariant configuration for 9 query heads"):
+        InvariantConfig.from_file(str(tmp_path / "inv.json"), 9, 3, 64)
+    for bad in (dict(block_m=24), dict(num_warps=3), dict(page_ahead=3), dict(fused_merge=1),
+                dict(linear={"96x96": [16, 16, 16, 4]}), dict(linear={"big": [16, 16, 16, 4, 3]})):
+        with pytest.raises(InvalidRequestError):
+            InvariantConfig.from_dict(dict(TUNED.to_dict(), **bad))
+    with pytest.raises(InvalidRequestError, match="unknown invariant configuration fields"):
+        InvariantConfig.from_dict({"block_k": 16})
+    with pytest.raises(InvalidRequestError, match="invariant must be an InvariantConfig"):
+        KernelOptions(invariant=TUNED.to_dict())
+
+
+class _Spy:
+    """Stands in for a Triton kernel: records each launch's keyword arguments, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        run = self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return run(*args, **kwargs)
+        return launch
+
+
+@pytest.mark.parametrize("tuned", [False, True], ids=["default launch", "tuned launch"])
+def test_a_position_has_the_same_logits_and_kv_in_any_forward(tiny, tuned, tmp_path, monkeypatch):
     """Sequence 0: a 45-token prompt in one forward, then 16 decode steps, each alone. Sequence 1,
     the same tokens: the prompt in two chunks beside other requests' prefill, then the 17
-    positions in one verification between two other requests' rows."""
+    positions in one verification between two other requests' rows. Tuned: the launch of a
+    `bench invariant` result file, which every attention call then takes."""
+    invariant = InvariantConfig.from_file(_bench_result(tmp_path / "inv.json", TUNED), 6, 2, 16) \
+        if tuned else InvariantConfig()
+    spy = _Spy(va._verify_attention_kernel)
+    monkeypatch.setattr(va, "_verify_attention_kernel", spy)
     opts = EngineOptions(block_size=16, num_blocks=64, attention="triton", deterministic=True,
-                         cuda_graphs="off")
+                         cuda_graphs="off", kernels=KernelOptions(invariant=invariant))
     runner = ModelRunner(tiny.config, tiny.weights, torch.device(DEVICE), torch.bfloat16, 64, opts)
+    assert runner.model.ops.norm_linear.keywords["table"] == invariant.linear_table()
+    assert runner.model.ops.head_config == invariant.head
     prompt, rows = 45, 17
     seq = _tokens(prompt + rows, seed=0)
     others = [_tokens(n, seed=n) for n in (30, 50, 20)]
@@ -96,6 +160,13 @@ def test_a_position_has_the_same_logits_and_kv_in_any_forward(tiny):
     for layer in range(tiny.config.num_layers):
         k, v = runner.pool.flat(layer)
         assert torch.equal(k[slots[0]], k[slots[1]]) and torch.equal(v[slots[0]], v[slots[1]]), layer
+    want = dict(BLOCK_M=16, BLOCK_N=16, FUSED_MERGE=True, PAGE_AHEAD=1, CHUNKED=True) if tuned \
+        else dict(BLOCK_M=64, BLOCK_N=128, FUSED_MERGE=False, PAGE_AHEAD=0, CHUNKED=False)
+    assert spy.launches and all(kw["num_stages"] == (3 if tuned else 2) for kw in spy.launches)
+    for key, value in want.items():
+        # a prefill piece folds its splits in the program: no split programs, so nothing to merge
+        assert all(kw.get(key, False) == value for kw in spy.launches
+                   if key != "FUSED_MERGE" or not kw["SPLIT_SEQ"]), key
 
 
 def _core(loaded, **kw):

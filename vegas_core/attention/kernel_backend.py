@@ -22,9 +22,10 @@ attend windowed and collect nothing (the collected buffers hold the global layer
 Quest scoring), long prefill chunks take the reference's windowed attention.
 
 With `KernelOptions.deterministic` (the batch-invariant mode) every call takes one launch
-(`verify_attention.batch_invariant_launch`; drafts `sparse_attention.INVARIANT_SPLITS` splits, one
-program per KV head), and longer prefill chunks go through `verify_attention` as well, cut into
-pieces of as many rows as its tile holds, each program folding its splits in place: a row's
+(`verify_attention.batch_invariant_launch` of `KernelOptions.invariant`; drafts
+`sparse_attention.INVARIANT_SPLITS` splits, one program per KV head), and longer prefill chunks go
+through `verify_attention` as well, cut into pieces of as many rows as its tile holds (a smaller
+tile's in row chunks: `invariant_piece_rows`), each program folding its splits in place: a row's
 attention is then the same bits in a prefill chunk of any length, a decode step or a
 verification, whatever the batch.
 
@@ -41,7 +42,8 @@ from vegas_core.kernels.select import quest_page_scores, quest_positions, quest_
 from vegas_core.kernels.sparse_attention import INVARIANT_SPLITS, sparse_attention
 from vegas_core.kernels.verify_attention import (MAX_Q_ROWS, batch_invariant_launch,
                                                  collected_row_slots, default_num_splits,
-                                                 invariant_num_splits, verify_attention_into)
+                                                 invariant_num_splits, invariant_piece_rows,
+                                                 verify_attention_into)
 
 from ..kv_cache import KVPool
 from ..options import KernelOptions
@@ -108,6 +110,7 @@ class KernelBackend:
         options = options or KernelOptions()
         self.pdl = options.pdl
         self.deterministic = options.deterministic
+        self.invariant = options.invariant      # the batch-invariant mode's launch choices
         self.windows = tuple(windows)        # per layer: its sliding window (None: global); () = all global
         self.reference = ReferenceBackend(scale, windows)
         self.quest_bounds = quest_bounds     # PageBounds beside the pool (None: no Quest support)
@@ -126,14 +129,19 @@ class KernelBackend:
     def dense_splits(self, batch: int, kv_heads: int, max_ctx: int) -> int:
         """Context splits of a dense (verification, decode, prefill) call."""
         if self.deterministic:
-            return invariant_num_splits(max_ctx)
+            return invariant_num_splits(max_ctx, self.invariant.split_keys)
         return default_num_splits(batch, kv_heads, max_ctx)
 
     def dense_rows(self, group: int) -> int:
         """The most rows of one request a dense call takes (prefill chunks are cut to it in the
         batch-invariant mode; longer ones take the reference's SDPA otherwise)."""
-        return batch_invariant_launch(0, group)["block_m"] // group if self.deterministic \
-            else MAX_Q_ROWS
+        if not self.deterministic:
+            return MAX_Q_ROWS
+        return invariant_piece_rows(group, self.invariant)
+
+    def invariant_launch(self, head_dim: int, group: int) -> dict:
+        """The batch-invariant mode's `verify_attention_into` arguments at this shape."""
+        return batch_invariant_launch(head_dim, group, self.invariant)
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                 pool: KVPool, meta: AttentionMetadata) -> torch.Tensor:
@@ -171,7 +179,7 @@ class KernelBackend:
             launch = dict(c2q_tile=g.c2q_tile)
             splits = g.num_splits
             if self.deterministic:      # splits at fixed positions, windowed or not
-                launch = dict(batch_invariant_launch(q.shape[2], q.shape[1] // kc.shape[2]),
+                launch = dict(self.invariant_launch(q.shape[2], q.shape[1] // kc.shape[2]),
                               splits_in_program=g.in_program)
             elif window:
                 splits = window_splits(g.num_splits, g.ctx.shape[0], kc.shape[2], window, g.max_q)

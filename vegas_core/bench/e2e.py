@@ -39,6 +39,10 @@ default ones: greedy exact match against the same mode's vanilla, and `vs_defaul
 tokens/s over its default-mode tokens/s. `--alone N` then runs the first N requests again, each by
 itself (its own prefill, batch 1) with the same sampling and seed: `alone_match` is the share whose
 tokens equal what the request got in the batch (1.0 is the batch-invariant mode's promise).
+`--invariant-config FILE` runs the batch-invariant mode with the launches a `bench invariant`
+result chose for this model's shape (or an `options.InvariantConfig` JSON; `latest`: the newest
+invariant result for this device in `--out`); each deterministic record's `invariant_config` says
+which launches ran (`invariant_launches`).
 """
 from __future__ import annotations
 
@@ -50,6 +54,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from ..errors import InvalidRequestError, VegasError
 from . import common, texts
 
 WORKLOADS = {   # prompt token range, generated tokens, batch, replays of the prompt set
@@ -95,6 +100,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pdl", action="store_true",
                    help="launch the Triton kernels without programmatic dependent launch "
                         "(on by default on Hopper and later)")
+    p.add_argument("--invariant-config", default=None, metavar="FILE",
+                   help="the batch-invariant mode's launches: a `bench invariant` result (its best for this "
+                        "model's shape) or an InvariantConfig JSON; 'latest': the newest invariant result for "
+                        "this device in --out (default: the built-in defaults)")
     p.add_argument("--trace-cost", type=int, default=0, metavar="ROUNDS",
                    help="also run every method recording a trace (a second engine), alternating untraced and "
                         "traced runs ROUNDS times: trace_cost = best untraced / best traced rate - 1 (default: off)")
@@ -513,6 +522,7 @@ def run(args, argv: list[str]) -> str:
                     same = [a == b for a, b in zip(stats.outputs, base.outputs)]
                     rec["exact_match_vs_vanilla"] = sum(same) / len(same)
                     rec["divergences"] = divergences(engine, workload.prompts, stats.outputs, base.outputs)
+                rec["invariant_config"] = invariant_launches(engine)
                 if alone:
                     rec.update(alone_check(engine, workload, sampling, spec, stats.outputs, alone))
                     bar.update(min(alone, workload.unique) * workload.gen_tokens)
@@ -539,7 +549,8 @@ def _header(args, engine, workload: Workload, loaded, modes) -> tuple[dict, dict
     header = dict(
         model=engine.source, model_name=engine.config.name,
         dtype=str(engine.dtype).replace("torch.", ""), attention=engine.core.runner.attention,
-        tuned_from=tuned_path, cuda_graphs=engine.core.runner.graphs is not None,
+        tuned_from=tuned_path, invariant_config_from=getattr(args, "invariant_config", None),
+        cuda_graphs=engine.core.runner.graphs is not None,
         kernel_options=kernel_options(engine), linear_configs=_linear_configs(),
         bandwidth_bound=bound, modes=modes,
         workload=dict(name=workload.name, prompt_tokens=list(workload.prompt_range),
@@ -617,11 +628,62 @@ def engine_for(args, workload: Workload, loaded, deterministic: bool | None = No
     seqs = workload.unique + workload.batch
     if deterministic is None:
         deterministic = bool(getattr(args, "deterministic", False))
+    kernels = KernelOptions(pdl=not getattr(args, "no_pdl", False),
+                            invariant=invariant_config(args, loaded.config))
     opts = EngineOptions(block_size=block, num_blocks=per_request * (seqs + 1) + 8, trace=trace,
                          max_num_seqs=seqs, max_prefill_tokens=16384, attention=args.attention,
                          cuda_graphs="off" if args.eager else "auto", deterministic=deterministic,
-                         kernels=KernelOptions(pdl=not getattr(args, "no_pdl", False)))
+                         kernels=kernels)
     return Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
+
+
+def invariant_config(args, config):
+    """`--invariant-config` for a model of `config`'s attention shape (`InvariantConfig.from_file`;
+    'latest': the newest `invariant-*-<device>.json` in `--out` with an entry for it), or the
+    defaults."""
+    from ..engine import resolve_device
+    from ..options import InvariantConfig
+    path = getattr(args, "invariant_config", None)
+    if not path:
+        return InvariantConfig()
+    shape = (config.num_heads, config.num_kv_heads, config.head_dim)
+    if path == "latest":
+        tag = common.device_tag(resolve_device(args.device))
+        for cand in sorted(glob.glob(os.path.join(args.out, f"invariant-*-{tag}.json")), reverse=True):
+            try:
+                return InvariantConfig.from_file(cand, *shape)
+            except VegasError:
+                continue
+        raise InvalidRequestError(f"no invariant result in {args.out} for this device ({tag}) and "
+                                  f"{shape[0]}/{shape[1]} heads of dim {shape[2]}")
+    return InvariantConfig.from_file(path, *shape)
+
+
+def model_linear_shapes(config) -> list[tuple[int, int, bool]]:
+    """The (N, K, silu_mul) of a Llama-family layer's four fused products (`fused_linear`'s keys)."""
+    c = config
+    return [((c.num_heads + 2 * c.num_kv_heads) * c.head_dim, c.hidden_size, False),
+            (c.hidden_size, c.num_heads * c.head_dim, False),
+            (c.intermediate_size, c.hidden_size, True),
+            (c.hidden_size, c.intermediate_size, False)]
+
+
+def invariant_launches(engine) -> dict | None:
+    """The batch-invariant launches the engine ran (None outside that mode): the configuration as
+    given (`InvariantConfig.record`: its fields and source), the attention launch it gives at this
+    model's shape, and each product's and the head's launch (under Triton's interpreter, the
+    interpreter's own, as there)."""
+    from ..kernels.fused_linear import config_for, head_config
+    from ..options import linear_key
+    runner = engine.core.runner
+    if not runner.kernels or not runner.model.deterministic:
+        return None
+    cfg, c = runner.options.kernels.invariant, engine.config
+    table = cfg.linear_table()
+    return dict(config=cfg.record(),
+                attention=runner.model.backend.invariant_launch(c.head_dim, c.num_heads // c.num_kv_heads),
+                linear={linear_key(s): list(config_for(*s, table)) for s in model_linear_shapes(c)},
+                head=list(head_config(cfg.head)))
 
 
 def kernel_options(engine) -> dict | None:

@@ -76,14 +76,25 @@ HEAD_CONFIG = (64, 128, 64, 4, 3)
 INTERPRET_CONFIG = (256, 256, 64, 4, 1)
 
 
-def config_for(n: int, k: int, silu_mul: bool) -> tuple[int, int, int, int, int]:
+def config_for(n: int, k: int, silu_mul: bool, table: dict | None = None
+               ) -> tuple[int, int, int, int, int]:
+    """The launch for an (N, K) product: ``table``'s (the batch-invariant mode's tuned choices,
+    `options.InvariantConfig.linear`) where it lists the shape, else `CONFIGS`' or
+    `DEFAULT_CONFIG`. Under the interpreter always `INTERPRET_CONFIG`."""
     if triton is not None and triton.knobs.runtime.interpret:
         return INTERPRET_CONFIG
+    if table and (n, k, silu_mul) in table:
+        return table[n, k, silu_mul]
     return CONFIGS.get((n, k, silu_mul), DEFAULT_CONFIG)
 
 
-def head_config() -> tuple[int, int, int, int, int]:
-    return INTERPRET_CONFIG if triton is not None and triton.knobs.runtime.interpret else HEAD_CONFIG
+def head_config(config: tuple[int, int, int, int, int] | None = None
+                ) -> tuple[int, int, int, int, int]:
+    """The head's launch: ``config`` (`options.InvariantConfig.head`) or `HEAD_CONFIG`; under the
+    interpreter `INTERPRET_CONFIG`."""
+    if triton is not None and triton.knobs.runtime.interpret:
+        return INTERPRET_CONFIG
+    return config or HEAD_CONFIG
 
 
 
@@ -204,9 +215,10 @@ def _check(x, weight, bias):
 
 
 def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = False,
-                config: tuple[int, int, int, int, int] | None = None, pdl: bool = False):
+                config: tuple[int, int, int, int, int] | None = None, pdl: bool = False,
+                table: dict | None = None):
     """Triton version of ``norm_linear_reference`` (see the module docstring); ``config``
-    overrides the launch configuration."""
+    overrides the launch configuration, ``table`` the per-shape choices (`config_for`)."""
     _need_triton("norm_linear")
     _check(x, weight, bias)
     n = weight.shape[0]
@@ -215,17 +227,18 @@ def norm_linear(x, norm_weight, eps: float, weight, bias=None, silu_mul: bool = 
     n_out = n // 2 if silu_mul else n
     out = torch.empty((x.shape[0], n_out), dtype=x.dtype, device=x.device)
     _launch(x, norm_weight, eps, weight, bias, None, out, n_out, silu_mul,
-            config or config_for(n_out, x.shape[1], silu_mul), pdl)
+            config or config_for(n_out, x.shape[1], silu_mul, table), pdl)
     return out
 
 
 def linear_add(x, weight, residual, bias=None, config: tuple[int, int, int, int, int] | None = None,
-               pdl: bool = False):
-    """Triton version of ``linear_add_reference`` (see the module docstring)."""
+               pdl: bool = False, table: dict | None = None):
+    """Triton version of ``linear_add_reference`` (see the module docstring); ``config`` and
+    ``table`` as `norm_linear`'s."""
     _need_triton("linear_add")
     _check(x, weight, bias)
     if residual.shape != (x.shape[0], weight.shape[0]) or residual.dtype != x.dtype:
         raise ValueError("residual must be [T, N] in x's dtype")
     _launch(x, None, 0.0, weight, bias, residual, residual, weight.shape[0], False,
-            config or config_for(weight.shape[0], x.shape[1], False), pdl)
+            config or config_for(weight.shape[0], x.shape[1], False, table), pdl)
     return residual

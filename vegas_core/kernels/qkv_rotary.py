@@ -121,11 +121,12 @@ if triton is not None:
 
 def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_heads: int,
                        num_kv_heads: int, head_dim: int, k_cache, v_cache, slots,
-                       config: tuple[int, int, int, int, int] | None = None, pdl: bool = False):
+                       config: tuple[int, int, int, int, int] | None = None, pdl: bool = False,
+                       table: dict | None = None):
     """Triton version of ``norm_linear_rotary_reference`` (see the module docstring); ``config``
     is a `kernels.fused_linear` configuration (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), of
     which BLOCK_N / 2 column pairs make a program's tile on a GPU (at least 16, tl.dot's
-    minimum)."""
+    minimum); without it `fused_linear.config_for`'s for the qkv shape (``table`` as there)."""
     _need_triton("norm_linear_rotary")
     _check(x, weight, bias)
     n = (num_heads + 2 * num_kv_heads) * head_dim
@@ -144,7 +145,7 @@ def norm_linear_rotary(x, norm_weight, eps: float, weight, bias, cos, sin, num_h
         block_m, _, block_k, warps, stages = config_for(n, x.shape[1], False)
         block_p = triton.next_power_of_2(pairs)
     else:
-        block_m, block_n, block_k, warps, stages = config or config_for(n, x.shape[1], False)
+        block_m, block_n, block_k, warps, stages = config or config_for(n, x.shape[1], False, table)
         block_p = max(16, block_n // 2)
     grid = (triton.cdiv(pairs, block_p), triton.cdiv(rows, block_m))
     _qkv_rotary_kernel[grid](

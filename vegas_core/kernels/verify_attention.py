@@ -330,15 +330,19 @@ if triton is not None:
 
     @triton.jit
     def _program_keys(qloc_ptr, ctx_ptr, num_splits, split_keys, BLOCK_N: tl.constexpr,
-                      SPLIT: tl.constexpr, WINDOW: tl.constexpr):
+                      SPLIT: tl.constexpr, WINDOW: tl.constexpr, row_chunks=1,
+                      CHUNKED: tl.constexpr = False):
         """A verification program's (request, KV head, split), its request's rows and context,
         and the keys [lo, hi) it covers: with SPLIT, that request's keys over num_splits in
         whole BLOCK_N tiles (split 0 and all of them without), or with split_keys > 0 keys
         [s * split_keys, (s + 1) * split_keys) whatever the context. The keys are [0, ctx), or with
         a WINDOW only those some row sees, from the first row's window start (with split_keys,
         from its tile): the pages before it are never read (computed here from the context, so a
-        CUDA graph replays it right)."""
+        CUDA graph replays it right). CHUNKED: row_chunks programs a request (axis 0, the chunk
+        fastest), each taking a chunk of its rows over the same keys."""
         req = tl.program_id(0)
+        if CHUNKED:
+            req = req // row_chunks
         kvh = tl.program_id(1)
         q_start = tl.load(qloc_ptr + req)
         q_len = tl.load(qloc_ptr + req + 1) - q_start
@@ -362,15 +366,20 @@ if triton is not None:
         return req, kvh, split, q_start, q_len, ctx, lo, hi
 
     @triton.jit
-    def _tile_rows(kvh, q_len, ctx, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-        """The score tile's rows (row m: query row m // GROUP, head kvh * GROUP + m % GROUP), the
+    def _tile_rows(kvh, q_len, ctx, row0, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, CHUNKED: tl.constexpr = False):
+        """The score tile's rows (row m: query row row0 + m // GROUP, head kvh * GROUP + m % GROUP;
+        row0 is 0 but when CHUNKED, where a program takes BLOCK_M // GROUP rows from it), the
         head-dim offsets, their validity, and the last key each row sees."""
         offs_m = tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         row = offs_m // GROUP
         head = kvh * GROUP + offs_m % GROUP
-        m_valid = offs_m < q_len * GROUP
+        if CHUNKED:
+            row = row + row0
+            m_valid = (offs_m < (BLOCK_M // GROUP) * GROUP) & (row < q_len)
+        else:
+            m_valid = offs_m < q_len * GROUP
         d_valid = offs_d < HEAD_DIM
         row_pos = ctx - q_len + row                                    # last key each row sees
         return offs_m, offs_d, row, head, m_valid, d_valid, row_pos
@@ -426,7 +435,7 @@ if triton is not None:
     def _verify_attention_kernel(
             q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr, logits_ptr, slot_ptr,
             part_acc_ptr, part_ml_ptr, cnt_ptr,
-            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, split_keys, logits_len,
+            tables_ptr, ctx_ptr, qloc_ptr, scale, num_splits, split_keys, logits_len, row_chunks,
             s_qt, s_qh, s_qd,
             s_kb, s_kt, s_kh, s_kd,
             s_vb, s_vt, s_vh, s_vd,
@@ -441,7 +450,8 @@ if triton is not None:
             COLLECT: tl.constexpr, SPLIT: tl.constexpr, FUSED_MERGE: tl.constexpr,
             UNMASKED_TILES: tl.constexpr, PRECISION: tl.constexpr, INTERPRET: tl.constexpr,
             USE_PDL: tl.constexpr, PAGE_AHEAD: tl.constexpr = 0, WINDOW: tl.constexpr = 0,
-            SPLIT_SEQ: tl.constexpr = False):
+            SPLIT_SEQ: tl.constexpr = False, CHUNKED: tl.constexpr = False,
+            ONLINE_MERGE: tl.constexpr = False):
         """One program = one request x one KV head (x one split of the context when SPLIT): all
         GROUP query heads of all the request's rows form the BLOCK_M-row tile (row m: query row
         m // GROUP, head kvh * GROUP + m % GROUP), so each K/V block is read once. Online softmax
@@ -454,15 +464,25 @@ if triton is not None:
         unnormalised partial state (flash-decoding); with FUSED_MERGE the last split of the
         (request, KV head) to finish merges them (`kernels.split_merge`), else
         `_merge_splits_kernel` does, launched after. SPLIT_SEQ: split_keys' splits one after
-        another in this program instead (`_splits_in_program`; the same bits)."""
+        another in this program instead (`_splits_in_program`; the same bits). CHUNKED: a
+        request's rows in row_chunks chunks of BLOCK_M // GROUP, one program each (axis 0: request
+        x chunk), each over the request's keys; a chunk past its request's rows attends nothing.
+        ONLINE_MERGE: the fused merge folds split by split (`fold_online`), as the batch-invariant
+        mode's merge kernel and in-program fold do."""
         pdl_wait(USE_PDL)
-        req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(qloc_ptr, ctx_ptr, num_splits,
-                                                                     split_keys, BLOCK_N, SPLIT, WINDOW)
+        req, kvh, split, q_start, q_len, ctx, lo, hi = _program_keys(
+            qloc_ptr, ctx_ptr, num_splits, split_keys, BLOCK_N, SPLIT, WINDOW, row_chunks, CHUNKED)
+        row0 = 0
+        seq_ctx = ctx      # the keys `_splits_in_program` walks
+        if CHUNKED:
+            row0 = (tl.program_id(0) % row_chunks) * (BLOCK_M // GROUP)
+            hi = tl.where(row0 < q_len, hi, lo)
+            seq_ctx = tl.where(row0 < q_len, ctx, 0)
         if SPLIT_SEQ:      # no keys for the loops below: `_splits_in_program` attends them
             first_tile = lo // BLOCK_N * BLOCK_N
             hi = lo
         offs_m, offs_d, row, head, m_valid, d_valid, row_pos = _tile_rows(
-            kvh, q_len, ctx, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D)
+            kvh, q_len, ctx, row0, GROUP, HEAD_DIM, BLOCK_M, BLOCK_D, CHUNKED)
 
         q_tile = tl.load(q_ptr + (q_start + row)[:, None] * s_qt + head[:, None] * s_qh
                          + offs_d[None, :] * s_qd,
@@ -554,7 +574,7 @@ if triton is not None:
         if SPLIT_SEQ:
             m_i, l_i, acc = _splits_in_program(
                 q_tile, row_pos, m_valid, head, slot, q_c, row_pos_c, head_c, slot_c, keep_c,
-                k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, ctx, first_tile, scale, split_keys,
+                k_ptr, v_ptr, logits_ptr, tables_ptr, req, kvh, seq_ctx, first_tile, scale, split_keys,
                 s_kb, s_kt, s_kh, s_kd, s_vb, s_vt, s_vh, s_vd, s_gr, s_gh, s_gc, s_tb, BLOCK_SIZE,
                 BLOCK_M, BLOCK_N, BLOCK_D, HEAD_DIM, COLLECT, PRECISION, INTERPRET, WINDOW)
 
@@ -578,10 +598,13 @@ if triton is not None:
             tl.store(part_ml_ptr + 2 * part, m_i, mask=m_valid)
             tl.store(part_ml_ptr + 2 * part + 1, l_i, mask=m_valid)
             if FUSED_MERGE:
-                if last_to_arrive(cnt_ptr + req * tl.num_programs(1) + kvh, num_splits):
+                counter = cnt_ptr + req * tl.num_programs(1) + kvh
+                if CHUNKED:      # one counter per (request, chunk, KV head)
+                    counter = cnt_ptr + tl.program_id(0) * tl.num_programs(1) + kvh
+                if last_to_arrive(counter, num_splits):
                     _merge_rows(part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, o_rows, head, m_valid,
                                 offs_d, d_valid, num_splits, s_ps, s_pt, s_ph, s_ot, s_oh, s_od,
-                                s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET)
+                                s_lt, s_lh, HEAD_DIM, BLOCK_M, BLOCK_D, INTERPRET, ONLINE_MERGE)
         else:
             l_safe = tl.where(l_i > 0, l_i, 1.0)
             acc = acc / l_safe[:, None]
@@ -658,25 +681,50 @@ def default_num_splits(batch: int, kv_heads: int, max_ctx: int, num_sms: int | N
 INVARIANT_SPLIT_KEYS = 1024
 
 
-def batch_invariant_launch(head_dim: int, group: int) -> dict:
+def batch_invariant_launch(head_dim: int, group: int, config=None) -> dict:
     """`verify_attention_into`'s keyword arguments in the batch-invariant mode
-    (`KernelOptions.deterministic`): one launch for every call, so a query row's scores, softmax
-    and sums run in one order whether it is a one-row decode step, one of 17 verification rows or
-    a prefill row (in pieces of ``block_m // group`` rows), whatever the batch and whatever is
-    collected:
+    (`KernelOptions.deterministic`) for ``config`` (`options.InvariantConfig`; None: its defaults,
+    whose zeros mean the per-shape choices below): one launch for every call, so a query row's
+    scores, softmax and sums run in one order whether it is a one-row decode step, one of 17
+    verification rows or a prefill row (in pieces of `invariant_piece_rows`), whatever the batch
+    and whatever is collected. The defaults:
     - one score tile, the size 17 rows need (a tile's size can change the MMA instruction, so
-      a row's dot products; padded rows cost compute, not bandwidth);
+      a row's dot products; padded rows cost compute, not bandwidth). A smaller ``block_m``
+      takes a request's rows in chunks of ``block_m // group``, a program each over the same
+      keys: the same tile in every call, so the same arithmetic per row, more programs;
     - key splits at fixed positions (`INVARIANT_SPLIT_KEYS`, always split, so every row is merged
       the same way), with `invariant_num_splits` of them, folded in split order; a split that a
       row cannot see, or past its context, leaves the fold as it was (prefill pieces pass
       ``splits_in_program=True``: the same splits and fold inside one program);
     - every tile masked, no merge by the last split (no atomics), no register cap, no page
-      prefetch, collection from the main tile (the first/last tile is another dot)."""
-    block_m = tile_rows(MAX_Q_ROWS, group)
-    return dict(block_m=block_m, block_n=128 if head_dim <= 64 else 64,
-                num_warps=8 if block_m >= 128 else 4, num_stages=2, fused_merge=False,
-                max_registers=0, unmasked_tiles=False, page_ahead=0,
-                split_keys=INVARIANT_SPLIT_KEYS, c2q_tile=False)
+      prefetch, collection from the main tile (the first/last tile is another dot).
+    Which other choices keep a row's bits on a GPU, and what they cost, `bench invariant` measures
+    (bench/NOTES.md, 'The batch-invariant mode')."""
+    from vegas_core.options import InvariantConfig
+    cfg = config or InvariantConfig()
+    block_m = cfg.block_m or tile_rows(MAX_Q_ROWS, group)
+    if block_m < group:
+        raise ValueError(f"a {block_m}-row tile cannot hold one row of {group} heads")
+    block_n = cfg.block_n or (128 if head_dim <= 64 else 64)
+    if cfg.split_keys % block_n:
+        raise ValueError(f"split_keys ({cfg.split_keys}) must be a multiple of block_n ({block_n})")
+    return dict(block_m=block_m, block_n=block_n,
+                num_warps=cfg.num_warps or (8 if block_m >= 128 else 4), num_stages=cfg.num_stages,
+                fused_merge=cfg.fused_merge, max_registers=cfg.max_registers,
+                unmasked_tiles=cfg.unmasked_tiles, page_ahead=cfg.page_ahead,
+                split_keys=cfg.split_keys, c2q_tile=False)
+
+
+def invariant_piece_rows(group: int, config=None) -> int:
+    """Rows of a prefill piece in the batch-invariant mode (``config`` as `batch_invariant_launch`'s):
+    as many as the tile holds when that is 17 or more (today's launch); a smaller tile's rows in
+    whole tiles up to at least 64, which the kernel takes in row chunks. A piece's programs read
+    its whole context; its chunks run side by side (adjacent on the grid's first axis), so they
+    should share those reads through L2, and larger pieces read the context fewer times (a
+    prediction, not measured: prefill is outside the decode rate)."""
+    block_m = (config.block_m if config is not None else 0) or tile_rows(MAX_Q_ROWS, group)
+    rows = block_m // group
+    return rows if rows >= MAX_Q_ROWS else rows * -(-64 // rows)
 
 
 def invariant_num_splits(max_ctx: int, split_keys: int = INVARIANT_SPLIT_KEYS) -> int:
@@ -776,9 +824,12 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     and the splits are merged even when there is one, rescaled split by split (`fold_online`).
     ``splits_in_program`` (with ``split_keys``): one program per (request, KV head) attends those
     splits one after another and folds them alike: the same bits, no partial states in memory
-    (``num_splits`` is then unused). `batch_invariant_launch` gives all of these for the
-    batch-invariant mode. Returns the launched attention kernel (Triton's compiled
-    kernel: `asm`, `n_regs`; for probes), None for an empty batch."""
+    (``num_splits`` is then unused); the fused merge then folds split by split too. A
+    ``block_m`` smaller than ``max_q`` rows of the GQA group takes each request's rows in chunks
+    of ``block_m // group``, one program each (not with the first/last tile).
+    `batch_invariant_launch` gives all of these for the batch-invariant mode. Returns the
+    launched attention kernel (Triton's compiled kernel: `asm`, `n_regs`; for probes), None for
+    an empty batch."""
     total, heads, dim = q.shape
     batch = context_lens.shape[0]
     kv_heads = k_cache.shape[2]
@@ -787,8 +838,18 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
         return None
     collect_mode = 0 if logits is None else (2 if c2q_tile else 1)
     block_m = block_m or tile_rows(max_q, group)
-    if block_m < max_q * group:
-        raise ValueError(f"a {block_m}-row tile cannot hold {max_q} rows of {group} heads")
+    if block_m < group:
+        raise ValueError(f"a {block_m}-row tile cannot hold one row of {group} heads")
+    row_chunks = max(1, -(-max_q // (block_m // group)))
+    # Chunked: a tile too small for some request's rows, or in the batch-invariant mode (fixed
+    # splits) one smaller than 17 rows: then every call of that tile runs the chunked kernel,
+    # whatever its rows (Triton compiles a decode step's count of 1 as a constant; the values'
+    # arithmetic is the same, which `bench invariant` checks on the GPU). An unchunked launch
+    # passes row_chunks 1, a constant there too: its code is as before the chunks (same SASS).
+    chunked_rows = row_chunks > 1 or (split_keys > 0 and block_m // group < MAX_Q_ROWS)
+    if row_chunks > 1 and collect_mode == 2:
+        raise ValueError(f"the first/last tile needs every row of a request in one program: a "
+                         f"{block_m}-row tile cannot hold {max_q} rows of {group} heads")
     cfg = launch_config(collect_mode, dim, block_m, max_q)
     block_n, num_warps = block_n or cfg.block_n, num_warps or cfg.num_warps
     if split_keys % block_n:
@@ -818,7 +879,7 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     else:
         part_acc = part_ml = torch.empty(1, dtype=torch.float32, device=q.device)
     fused_merge = fused_merge and split
-    counters = arrival_counters(q.device, batch * kv_heads) if fused_merge else part_ml
+    counters = arrival_counters(q.device, batch * row_chunks * kv_heads) if fused_merge else part_ml
     s_ps, s_pt, s_ph = total * heads, heads, 1     # in (row, head) units of the partial buffers
     extra = {"maxnreg": max_registers} if max_registers and not _interpreting() else {}
     # No programmatic dependent launch here: it measured within noise (bench/NOTES.md version 38).
@@ -828,16 +889,20 @@ def verify_attention_into(q, k_cache, v_cache, block_tables, context_lens, q_sta
     # (bench/NOTES.md, version 33).
     kernel_args = (q, k_cache, v_cache, out, lse, logits, row_slot, part_acc, part_ml, counters,
                    block_tables, context_lens, q_start_loc, float(scale), num_splits, split_keys,
-                   logits_len,
+                   logits_len, row_chunks,
                    *q.stride(), *k_cache.stride(), *v_cache.stride(), *out.stride(), *lse.stride(),
                    *logits.stride(), block_tables.stride(0), s_ps, s_pt, s_ph, k_cache.shape[1])
-    launched = _verify_attention_kernel[(batch, kv_heads, num_splits)](
+    # Row chunks and the online fused merge only where asked: other launches compile as before.
+    chunked = {"CHUNKED": True} if chunked_rows else {}
+    if fused_merge and split_keys > 0:
+        chunked["ONLINE_MERGE"] = True
+    launched = _verify_attention_kernel[(batch * row_chunks, kv_heads, num_splits)](
         *kernel_args, GROUP=group, HEAD_DIM=dim, BLOCK_M=block_m, BLOCK_N=block_n,
         BLOCK_D=block_d, BLOCK_C=max(16, triton.next_power_of_2(2 * group)), COLLECT=collect_mode,
         SPLIT=split, FUSED_MERGE=fused_merge, UNMASKED_TILES=bool(unmasked_tiles), PRECISION=precision,
         INTERPRET=_interpreting(), PAGE_AHEAD=page_ahead, WINDOW=int(window or 0),
         SPLIT_SEQ=splits_in_program,
-        num_warps=num_warps, num_stages=num_stages, **extra, **pdl)
+        num_warps=num_warps, num_stages=num_stages, **chunked, **extra, **pdl)
     if split and not fused_merge:
         _merge_splits_kernel[(total,)](
             part_acc, part_ml, out, lse, heads, num_splits, s_ps, s_pt, s_ph, *out.stride(),

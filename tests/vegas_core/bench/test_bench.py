@@ -313,17 +313,26 @@ def test_e2e_runs_the_default_and_deterministic_modes_side_by_side(tmp_path, tin
     """`--modes default deterministic` on the kernel path (the interpreter, its dot run row by row
     as tensor cores run it: tests/row_dot.py): each mode's records, the deterministic ones equal
     to their vanilla and, rerun alone, to themselves in the batch, and their rate over the
-    default mode's."""
+    default mode's. The deterministic mode runs a `bench invariant` result's launches
+    (`--invariant-config`), and its records say which ran."""
     from tests.row_dot import row_by_row_dot
+    from vegas_core.options import InvariantConfig
+    tuned = InvariantConfig(split_keys=2048, fused_merge=True,
+                            linear=(((128, 64, False), (16, 64, 64, 4, 3)),))
+    result = tmp_path / "invariant-tuned.json"     # the tiny model: 4 / 2 heads of 16
+    result.write_text(json.dumps({"best": {"tiny": {"shape": dict(heads=4, kv_heads=2, head_dim=16),
+                                                    "config": tuned.to_dict()}}}))
     argv = ["e2e", "--model", tiny_model, "--device", "cpu", "--attention", "triton", "--workload", "small",
             "--batch", "2", "--prompt-tokens", "30", "40", "--gen-tokens", "5", "--methods", "vanilla", "vegas",
             "--sampling", "greedy", "model-card", "--gamma", "2", "--sparsity", "0.2",
-            "--modes", "deterministic", "default", "--alone", "1", "--out", str(tmp_path)]
+            "--modes", "deterministic", "default", "--alone", "1", "--invariant-config", str(result),
+            "--out", str(tmp_path)]
     with row_by_row_dot():
         assert main(argv) == 0
     doc = _load(tmp_path, "e2e")
     _check_header(doc, argv)
     assert doc["complete"] and doc["modes"] == ["default", "deterministic"] and doc["attention"] == "triton"
+    assert doc["invariant_config_from"] == str(result)
     recs = doc["records"]
     assert [(r["mode"], r["sampling"], r["method"]) for r in recs] == [
         (mode, s, m) for mode in ("default", "deterministic") for s in ("greedy", "model-card")
@@ -331,11 +340,56 @@ def test_e2e_runs_the_default_and_deterministic_modes_side_by_side(tmp_path, tin
     for r in recs:
         assert r["alone_requests"] == 1 and r["tokens_per_s"] > 0
         if r["mode"] == "default":
-            assert r["vs_default"] is None
+            assert r["vs_default"] is None and r["invariant_config"] is None
             continue
         assert r["vs_default"] > 0 and r["alone_match"] == 1.0 and r["alone_differs"] == []
+        ran = r["invariant_config"]
+        assert ran["config"]["source"] == f"{result}#tiny" and ran["config"]["linear"] == {"128x64": [16, 64, 64, 4, 3]}
+        assert {k: ran["attention"][k] for k in ("block_m", "block_n", "split_keys", "fused_merge")} == \
+            dict(block_m=64, block_n=128, split_keys=2048, fused_merge=True)
+        assert set(ran["linear"]) == {"128x64", "64x64", "128x64 silu", "64x128"}   # interpreter's own
         if r["sampling"] == "greedy":
             assert r["exact_match_vs_vanilla"] == 1.0 and r["divergences"] == []
+
+
+def test_invariant_times_checks_and_chooses_launches(tmp_path):
+    """`bench invariant` on the CPU at the tiny shape (under the interpreter, its dot row by row as
+    on tensor cores): the default mode's and the candidates' attention and products, each
+    candidate's bit check, and a best configuration that `InvariantConfig.from_file` reads back."""
+    from tests.row_dot import row_by_row_dot
+    from vegas_core.options import InvariantConfig
+    argv = ["invariant", "--device", "cpu", "--shapes", "tiny", "--batch", "2", "--context", "64",
+            "--verify-rows", "2", "--candidates", '[{"split_keys": 2048, "fused_merge": true}]',
+            "--out", str(tmp_path)]
+    with row_by_row_dot():
+        assert main(argv) == 0
+    doc = _load(tmp_path, "invariant")
+    _check_header(doc, argv[:-3] + ["'" + argv[-3] + "'"] + argv[-2:])   # the JSON, quoted
+    assert doc["complete"] and doc["verify_rows"] == [2]
+    att = [r for r in doc["records"] if r["kind"] == "attention"]
+    assert [r["candidate"] for r in att] == ["default mode", "today's defaults",
+                                             'listed 0: {"split_keys": 2048, "fused_merge": true}']
+    for r in att:
+        assert r["us_1"] > 0 and r["us_2"] > 0
+        if r["mode"] == "deterministic":
+            assert r["invariant"] is True and r["mismatches"] == [] and r["estimate_us"] > 0
+    assert sum(bool(r.get("best")) for r in att) == 1
+    lin = [r for r in doc["records"] if r["kind"] == "linear"]
+    assert {r["product"] for r in lin} == {"qkv", "o_proj", "gate_up", "down_proj", "head"}
+    assert all(r["us_16"] > 0 and r["us_32"] > 0 for r in lin)
+    assert all(r["invariant"] for r in lin if r["mode"] == "deterministic")
+    assert [s["mode"] for s in doc["summary"]] == ["default", "deterministic (today)", "deterministic (best)"]
+    assert all(s["forward_ms_1"] > 0 and s["forward_ms_2"] > 0 for s in doc["summary"])
+    [path] = glob.glob(os.path.join(tmp_path, "invariant-*-cpu.json"))
+    cfg = InvariantConfig.from_file(path, 6, 2, 32)
+    assert cfg.to_dict() == doc["best"]["tiny"]["config"] and len(cfg.linear) == 4 and cfg.head
+
+
+def test_invariant_descent_tries_each_knob_at_the_best_so_far():
+    from vegas_core.bench.invariant import attention_axes
+    axes = dict(attention_axes(64, 3))
+    assert axes["block_m"] == [64, 32, 16] and dict(attention_axes(64, 7))["block_m"] == [128, 64, 32, 16]
+    assert sum(len(v) - 1 for v in axes.values()) + 1 <= 24      # trials a shape, today's included
 
 
 def test_agreement_compares_the_kernel_and_reference_paths(tmp_path, tiny_model):

@@ -5,13 +5,16 @@ engine's GPU dtype).
 Each kernel's row is computed alone, in a batch (64 rows where the interpreter is quick enough;
 24 requests of attention, which at 3 KV heads and several tiles each is already ~200 programs),
 and as one of 17 verification rows, and the results must be equal bit for bit (torch.equal). The
-attention case also shows that the default launch is not invariant (splits follow each request's
-context), so the check can tell the two apart.
+attention checks (`vegas_core.kernels.invariance`, which `bench invariant` runs compiled on the
+GPU) take today's launch and the launches `bench invariant` can propose; they also show that the
+default launch is not invariant (splits follow each request's context), so the check can tell
+the two apart.
 
 `tests.row_dot.row_by_row_dot` runs the interpreter's `tl.dot` one row at a time, as a GPU's
 tensor cores do (OpenBLAS's sgemm under the interpreter does not: see that module). With
 TRITON_INTERPRET=0 on a GPU the same checks run compiled, which is where that assumption is tested.
 """
+import dataclasses
 import math
 import os
 
@@ -19,13 +22,15 @@ import pytest
 import torch
 
 from tests.row_dot import row_by_row_dot
-from tests.vegas_core.kernels.paged import shuffled_tables
+from vegas_core.bench.invariant import attention_axes, resolved
 from vegas_core.kernels.argmax import argmax_rows
 from vegas_core.kernels.fused import add_rms_norm, rotary_qkv
 from vegas_core.kernels.fused_linear import DEFAULT_CONFIG, head_config, linear_add, norm_linear
+from vegas_core.kernels.invariance import attention_mismatches, paged_pool, rows_mismatches
 from vegas_core.kernels.sampling import race, sample_rows
 from vegas_core.kernels.sparse_attention import INVARIANT_SPLITS, sparse_attention
-from vegas_core.kernels.verify_attention import batch_invariant_launch, verify_attention
+from vegas_core.kernels.verify_attention import batch_invariant_launch, invariant_piece_rows
+from vegas_core.options import InvariantConfig
 from vegas_core.random_streams import DRAFT, TOKEN, stream_key
 
 BF16 = torch.bfloat16
@@ -54,90 +59,76 @@ def _i32(values):
 # -- attention ------------------------------------------------------------------------------------
 
 HEADS, KV_HEADS, DIM, PAGE = 9, 3, 32, 16           # SmolLM2's GQA ratio
+GROUP = HEADS // KV_HEADS
 
 
 def _pool(ctx_lens, seed):
-    g = torch.Generator().manual_seed(seed)
-    tables, blocks = shuffled_tables([math.ceil(c / PAGE) for c in ctx_lens], 3, g)
-    k = torch.randn(blocks, PAGE, KV_HEADS, DIM, generator=g).to(BF16)
-    v = torch.randn(blocks, PAGE, KV_HEADS, DIM, generator=g).to(BF16)
-    return tables.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    return paged_pool(ctx_lens, KV_HEADS, DIM, PAGE, seed, DEVICE)
 
 
-def _attend(q, k, v, tables, ctx, q_lens, launch, collect="none"):
-    qloc = _i32([0] + torch.tensor(q_lens).cumsum(0).tolist())
-    return verify_attention(q, k, v, tables, _i32(ctx), qloc, 1 / math.sqrt(DIM), collect=collect,
-                            **launch)
+def _interpreter_scale(cfg: InvariantConfig) -> InvariantConfig:
+    """``cfg`` with its tiles and splits shrunk (keys per tile / 4, keys per split / 16), so the
+    ~70-key contexts here cross several of each as 8K contexts cross the GPU's."""
+    return dataclasses.replace(cfg, block_n=cfg.block_n // 4, split_keys=cfg.split_keys // 16)
 
 
-def _small_tiles(launch: dict) -> dict:
-    """The launch with 16-key tiles and 32-key splits, so these short contexts cross several
-    tiles and splits (the engine's 128 / 1024 do not at ~70 keys)."""
-    return dict(launch, block_n=16, split_keys=32)
+def _covering_configs() -> list[InvariantConfig]:
+    """Every value of every knob that `bench invariant`'s descent can set, each in one of these
+    few configurations (config i takes value i of each knob, cyclically), at the interpreter's
+    scale. Warps, stages and the register cap mean nothing to the interpreter (the benchmark
+    checks them compiled, on the GPU); the tile rows (row chunks), keys per tile, split size, page
+    prefetch, fused merge and unmasked tiles change what it runs."""
+    axes = attention_axes(DIM, GROUP)
+    today = resolved(InvariantConfig(), DIM, GROUP)
+    return [_interpreter_scale(resolved(dataclasses.replace(
+        today, **{k: v[i % len(v)] for k, v in axes}), DIM, GROUP))
+        for i in range(max(len(v) for _, v in axes))]
 
 
-LAUNCHES = {"engine": batch_invariant_launch(DIM, HEADS // KV_HEADS),
-            "small tiles": _small_tiles(batch_invariant_launch(DIM, HEADS // KV_HEADS))}
+LAUNCHES = {"engine": (batch_invariant_launch(DIM, GROUP), InvariantConfig()),
+            **{f"bench candidates {i}": (batch_invariant_launch(DIM, GROUP, c), c)
+               for i, c in enumerate(_covering_configs())}}
+
+
+def test_the_covering_configurations_take_every_value_the_bench_tries():
+    configs = _covering_configs()
+    for knob, values in attention_axes(DIM, GROUP):
+        if knob in ("block_n", "split_keys"):
+            values = [v // (4 if knob == "block_n" else 16) for v in values]
+        assert {getattr(c, knob) for c in configs} == set(values), knob
+    assert {c.block_m for c in configs} == {64, 32, 16}
 
 
 @pytest.mark.parametrize("launch", list(LAUNCHES))
 def test_verification_rows_equal_decode_rows_alone_and_in_a_batch(launch):
     """Request 0 verifies 17 rows at positions 53..69 in a batch of verifications (1 to 17 rows),
     with split programs and a merge and with the splits folded in each program (prefill's
-    launch); each of those rows then runs as a one-row decode step alone, and all 17 as decode
-    rows of a 24-request batch: the same out, lse and collected logits, bit for bit."""
-    kw = LAUNCHES[launch]
-    ctx = [70, 44, 90, 23]
-    q_lens = [17, 1, 9, 5]
-    tables, k, v = _pool(ctx, seed=1)
-    q = randn(sum(q_lens), HEADS, DIM, seed=2)
-    out, lse, logits = _attend(q, k, v, tables, ctx, q_lens, kw, collect="all")
-    # A prefill's launch: the splits folded inside each program, the same bits.
-    o2, l2, c2 = _attend(q, k, v, tables, ctx, q_lens, dict(kw, splits_in_program=True), collect="all")
-    assert torch.equal(o2, out) and torch.equal(l2, lse) and torch.equal(c2.logits, logits.logits)
-    rows = range(17)
-    positions = [ctx[0] - 17 + r for r in rows]            # the row's own key is its last one
-    for r, p in zip(rows, positions):
-        o1, l1, c1 = _attend(q[r:r + 1], k, v, tables[:1], [p + 1], [1], kw, collect="all")
-        assert torch.equal(o1[0], out[r]) and torch.equal(l1[0], lse[r]), r
-        assert torch.equal(c1.logits[0, :, :p + 1], logits.logits[r, :, :p + 1]), r
-    # 17 decode rows of request 0 and 7 of other requests, in one call.
-    others = [1, 2, 2, 3, 1, 3, 2]
-    b_tables = torch.cat([tables[[0] * 17], tables[others]])
-    b_ctx = [p + 1 for p in positions] + [ctx[i] for i in others]
-    b_q = torch.cat([q[:17], randn(len(others), HEADS, DIM, seed=3)])
-    ob, lb, _ = _attend(b_q, k, v, b_tables, b_ctx, [1] * len(b_ctx), kw)
-    assert torch.equal(ob[:17], out[:17]) and torch.equal(lb[:17], lse[:17])
+    launch); each of those rows then runs as a one-row decode step alone, all 17 as decode rows
+    of a 24-request batch, the last 10 as a verification of their own, and inside a prefill
+    piece: the same out, lse and collected logits, bit for bit (`kernels.invariance`). Today's
+    launch takes every row alone; the candidates' (row chunks make the interpreter slower) the
+    first, middle and last."""
+    kw, cfg = LAUNCHES[launch]
+    bad = attention_mismatches(kw, HEADS, KV_HEADS, DIM, device=DEVICE,
+                               rows_alone=None if launch == "engine" else (0, 8, 16),
+                               piece_rows=invariant_piece_rows(GROUP, cfg))
+    assert not bad, bad
 
 
 def test_windowed_rows_equal_decode_rows():
     """A sliding-window layer (window 20, which skips whole tiles before it): the 17 verification
     rows, with the splits folded in the program too, equal the rows' decode steps."""
-    kw = dict(LAUNCHES["small tiles"], window=20)
-    ctx, q_lens = [70, 44], [17, 1]
-    tables, k, v = _pool(ctx, seed=1)
-    q = randn(sum(q_lens), HEADS, DIM, seed=2)
-    out, lse, _ = _attend(q, k, v, tables, ctx, q_lens, kw)
-    o2, l2, _ = _attend(q, k, v, tables, ctx, q_lens, dict(kw, splits_in_program=True))
-    assert torch.equal(o2, out) and torch.equal(l2, lse)
-    for r in range(17):
-        o1, l1, _ = _attend(q[r:r + 1], k, v, tables[:1], [ctx[0] - 16 + r], [1], kw)
-        assert torch.equal(o1[0], out[r]) and torch.equal(l1[0], lse[r]), r
+    kw = dict(batch_invariant_launch(DIM, GROUP, _covering_configs()[0]), window=20)
+    bad = attention_mismatches(kw, HEADS, KV_HEADS, DIM, ctx=(70, 44), q_lens=(17, 1),
+                               short_rows=0, device=DEVICE)
+    assert not bad, bad
 
 
 def test_default_launch_is_not_invariant():
     """The check above can fail: with splits that follow each request's context (the default
     launch), some row's bits differ between the verification and its decode step."""
-    ctx, q_lens = [100, 44], [17, 1]
-    tables, k, v = _pool(ctx, seed=1)
-    q = randn(sum(q_lens), HEADS, DIM, seed=2)
-    kw = dict(block_n=16, num_splits=3)
-    out, lse, _ = _attend(q, k, v, tables, ctx, q_lens, kw)
-    same = []
-    for r in range(17):
-        o1, l1, _ = _attend(q[r:r + 1], k, v, tables[:1], [ctx[0] - 16 + r], [1], kw)
-        same.append(torch.equal(o1[0], out[r]) and torch.equal(l1[0], lse[r]))
-    assert not all(same)
+    assert attention_mismatches(dict(block_n=16, num_splits=3), HEADS, KV_HEADS, DIM,
+                                ctx=(100, 44), q_lens=(17, 1), short_rows=0, device=DEVICE)
 
 
 def test_draft_rows_alone_and_in_a_batch():
@@ -174,9 +165,7 @@ def test_draft_rows_alone_and_in_a_batch():
 
 def _rows_alone_17_and_64(fn):
     """fn(rows) over rows 0..63, 0..16 and row 5 alone: the same bits for the same rows."""
-    full = fn(slice(0, 64))
-    assert torch.equal(fn(slice(0, 17)), full[:17])
-    assert torch.equal(fn(slice(5, 6))[0], full[5])
+    assert not rows_mismatches(fn, 64)
 
 
 @pytest.mark.parametrize("config", [None, DEFAULT_CONFIG, "head"])

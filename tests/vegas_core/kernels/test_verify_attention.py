@@ -226,6 +226,34 @@ def test_fused_merge_matches_the_merge_kernel_and_leaves_counters_zeroed(collect
         assert torch.equal(out, results[0][0]) and torch.equal(lse, results[0][1])
 
 
+@pytest.mark.parametrize("fields", [dict(block_m=16), dict(block_m=32, fused_merge=True, page_ahead=1),
+                                    dict(block_m=16, fused_merge=True, unmasked_tiles=True)],
+                         ids=["row chunks", "row chunks, fused merge, pages ahead",
+                              "row chunks, fused merge, unmasked"])
+def test_invariant_candidate_launches_match_the_reference(fields):
+    """Launches `bench invariant` may propose for the batch-invariant mode: a tile smaller than a
+    request's rows takes them in chunks of block_m // group rows, one program each (17 rows at
+    GQA 3: 4 chunks of a 16-row tile; the 1-row request's other chunks attend nothing), and the
+    fused merge folds the fixed splits online; split programs and splits folded in one program
+    (a prefill piece) give the reference's answers, the same bits, and the shared arrival
+    counters zero again."""
+    from vegas_core.kernels.split_merge import arrival_counters
+    from vegas_core.kernels.verify_attention import batch_invariant_launch
+    from vegas_core.options import InvariantConfig
+    args = make_case([17, 1, 9, 5], [70, 44, 90, 23], 9, 3, 16, seed=6)
+    launch = dict(batch_invariant_launch(16, 3, InvariantConfig(**fields)), block_n=16, split_keys=32)
+    ref_out, ref_lse, ref_logits = verify_attention_reference(*args, collect="all")
+    out, lse, logits = verify_attention(*args, collect="all", **launch)
+    torch.testing.assert_close(out, ref_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-4, rtol=1e-4)
+    check_logits(logits, ref_logits)
+    assert not arrival_counters(out.device, 4 * 4 * 3).any()
+    o2, l2, c2 = verify_attention(*args, collect="all", splits_in_program=True, **launch)
+    assert torch.equal(o2, out) and torch.equal(l2, lse) and torch.equal(c2.logits, logits.logits)
+    with pytest.raises(ValueError, match="first/last tile needs every row"):
+        verify_attention(*args, collect="c2q", **dict(launch, c2q_tile=True))
+
+
 def test_launch_config_caps_registers_only_where_measured_to_pay():
     """The H200 measurements behind launch_config: C2Q's register cap helps tiles of up to 32 rows
     and spills on 64 (12-16 rows), which keep the merge kernel and no cap; the main-tile path is
