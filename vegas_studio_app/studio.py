@@ -30,6 +30,7 @@ from visualizations.tokens import stream_pieces
 
 from .exports import write_bundle, write_run_files, wrong_file
 from .session import Session, SessionStore
+from .sweep_view import SweepView
 from .unread import UnreadWatch
 from .worker import EngineWorker
 
@@ -116,7 +117,7 @@ def compare_mode(mode: str, dtype, asked: bool = False) -> str:
 class Studio:
     def __init__(self, worker: EngineWorker | None, results_dir: str = "bench/results",
                  export_root: str | None = None, max_upload_bytes: int = MAX_UPLOAD_BYTES,
-                 abandon_after_s: float = 30.0):
+                 abandon_after_s: float = 30.0, sweep_cache_dir: str | None = None):
         self.worker = worker
         self.blocks = None                 # the gr.Blocks serving this Studio (build_ui sets it)
         self.abandon_after_s = abandon_after_s
@@ -126,6 +127,7 @@ class Studio:
         self._export_dir = None if export_root else tempfile.TemporaryDirectory(prefix="vegas-studio-")
         self.export_root = Path(export_root or self._export_dir.name)
         self.max_upload_bytes = max_upload_bytes
+        self.sweep = SweepView(self, sweep_cache_dir)   # the Overhead tab's live sweep, cached per device
 
     # -- status --------------------------------------------------------------------------------
     def status(self):
@@ -574,7 +576,7 @@ class Studio:
         files = [r.provenance for r in (latest, e2e) if r is not None]
         note = ("**Read from committed benchmark files, not measured by this app:** the collection-overhead and "
                 "throughput plots (" + ("; ".join(files) if files else "no files in bench/results yet") + "). "
-                "**Measured live:** the iteration breakdown below, by this app's engine"
+                "**Measured live:** the throughput sweep and the iteration breakdown below, by this app's engine"
                 + (f" on {engine.device}." if engine is not None else "."))
         return viz.overhead_figure(latest), note, viz.throughput_figure(e2e)
 
@@ -664,10 +666,13 @@ class Studio:
         overview, zoom, _, recall = self.render_kv(*kv_args, request)
         acc_pos, acc_hist, acc_run, breakdown = self._run_figures(s)
         overhead, _, throughput = self.overhead()
-        return {"kv-selection-overview": overview, "kv-selection-zoom": zoom, "recall-per-layer": recall,
+        figs = {"kv-selection-overview": overview, "kv-selection-zoom": zoom, "recall-per-layer": recall,
                 "per-position-acceptance": acc_pos, "accepted-length-histogram": acc_hist,
                 "running-mean-acceptance": acc_run, "iteration-breakdown": breakdown,
                 "collection-overhead": overhead, "end-to-end-throughput": throughput}
+        if self.sweep.document()[0] is not None:
+            figs["throughput-sweep"] = self.sweep.figure()
+        return figs
 
     def export_figures(self, request_id, iteration, zoom_start, zoom_width, request: gr.Request = None):
         s = _session(request, self.store)

@@ -20,6 +20,9 @@ Contract:
   A paused consumer must keep calling `get` (the stale-request abort still applies to it).
 - An exception inside `engine.step()` fails the requests of that step with a message; the worker, and
   the app, stay up.
+- `sweep(...)` measures the throughput sweep (`vegas_core.bench.sweep`) on this engine, on the engine
+  thread, only while no request is on it (else `EngineBusy`); between the sweep's steps the thread
+  answers `pool` and refuses `submit` with `EngineBusy`, so a request never shares the sweep's steps.
 """
 from __future__ import annotations
 
@@ -39,6 +42,14 @@ from vegas_studio_app.warmup import warm_up
 
 class EngineNotReady(VegasError):
     """The model is still loading, or failed to load."""
+
+
+class EngineBusy(VegasError):
+    """A throughput sweep holds the engine, or requests hold it that a sweep must not share it with."""
+
+
+SWEEPING = ("the engine is measuring a throughput sweep (Overhead tab) and serves no requests meanwhile: "
+            "try again when it ends, or stop it there")
 
 
 @dataclass
@@ -165,6 +176,11 @@ class EngineWorker:
         self._thread.start()
         return self
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread still runs (a replaced or shut-down worker's has ended)."""
+        return self._thread.is_alive()
+
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._ready.wait(timeout)
         return self.state == "ready"
@@ -191,6 +207,16 @@ class EngineWorker:
         fut: Future = Future()
         self._commands.put(("submit", (prompt, sampling, spec, chat), fut))
         return fut.result(timeout)
+
+    def sweep(self, grid, spec, progress, stop: threading.Event) -> Future:
+        """Run the throughput sweep on the engine thread; the future holds its document, or
+        `EngineBusy` when requests are on the engine. `progress` (a `SweepProgress`) shows it
+        running; setting `stop` ends it after the current step, with the cells it measured."""
+        if self.state != "ready":
+            raise EngineNotReady(self.status_line())
+        fut: Future = Future()
+        self._commands.put(("sweep", (grid, spec, progress, stop), fut))
+        return fut
 
     def pool(self, timeout: float = 30.0) -> dict:
         """KV pool occupancy and active requests, read by the engine thread between steps."""
@@ -291,9 +317,9 @@ class EngineWorker:
             elif kind == "abort":
                 self._abort(arg)
             elif kind == "pool":
-                alloc = self.engine.core.allocator
-                fut.set_result({"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
-                                "active_requests": len(self._handles), "peak_active": self.peak_active})
+                fut.set_result(self._pool())
+            elif kind == "sweep":
+                fut.set_result(self._sweep(*arg))
             elif kind in ("pause", "resume", "advance"):
                 if arg in self._handles:
                     if kind == "pause":
@@ -304,6 +330,39 @@ class EngineWorker:
         except Exception as e:
             if fut is not None and not fut.done():
                 fut.set_exception(e)
+
+    def _pool(self) -> dict:
+        alloc = self.engine.core.allocator
+        return {"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
+                "active_requests": len(self._handles), "peak_active": self.peak_active}
+
+    def _sweep(self, grid, spec, progress, stop) -> dict:
+        from vegas_core.bench.sweep import run_sweep
+        if self._handles:
+            raise EngineBusy(f"{len(self._handles)} request(s) are on the engine (streaming or paused); the sweep "
+                             "measures the engine alone: run it when they have finished")
+        return run_sweep(self.engine, grid, spec, progress, stop, between_steps=self._answer_while_sweeping)
+
+    def _answer_while_sweeping(self) -> None:
+        """Between a sweep's steps: answer what needs no engine step, refuse what does. No request is
+        on the engine then, so abort / pause / resume have nothing to act on."""
+        from vegas_core.bench.sweep import SweepStopped
+        while True:
+            try:
+                kind, arg, fut = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "stop":                 # ends the sweep, then the thread
+                self._commands.put((kind, arg, fut))
+                raise SweepStopped("the engine is shutting down")
+            if fut is None:
+                continue
+            if kind == "pool":
+                fut.set_result(self._pool())
+            elif kind in ("submit", "sweep"):
+                fut.set_exception(EngineBusy(SWEEPING))
+            else:
+                fut.set_result(None)
 
     def _add(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool) -> Handle:
         req = self.engine.add(prompt, sampling, spec, chat=chat)

@@ -15,6 +15,7 @@ takes plain trace data (`vegas_core.trace` models or objects shaped like them) a
     compare.py     compare table and the losslessness check (first divergence)
     overhead.py    logit-collection overhead (Collect-2-Query vs all rows) from bench/results/kernels-*.json
     throughput.py  every method's end-to-end tokens/s from bench/results/e2e-*.json
+    sweep.py       vanilla / stream / vegas tokens/s over batch x context against the bandwidth bound
     export.py      figures to PNG / SVG (kaleido with a local Chromium) or self-contained HTML
 """
 from .acceptance import accepted_length_histogram, per_position_acceptance_figure, running_mean_figure
@@ -22,6 +23,7 @@ from .breakdown import breakdown_figure, step_breakdown
 from .compare import compare_rows, compare_table_html, first_divergence, lossless_check
 from .overhead import KernelResults, load_kernel_results, overhead_figure, pick_kernel_results
 from .selection import prompt_selection_html, recall_figure, selection_heatmaps, selection_matrix
+from .sweep import sweep_figure
 from .throughput import E2EResults, load_e2e_results, pick_results, throughput_figure
 from .stages import iteration_stages_html
 from .strip import selection_strip_html
@@ -32,6 +34,6 @@ __all__ = [
     "throughput_figure", "breakdown_figure", "compare_rows", "compare_table_html",
     "counters_html", "first_divergence", "iteration_stages_html", "load_kernel_results", "lossless_check",
     "overhead_figure", "pick_kernel_results", "per_position_acceptance_figure", "prompt_selection_html",
-    "recall_figure", "running_mean_figure", "selection_heatmaps", "selection_strip_html", "selection_matrix", "step_breakdown", "stream_pieces",
+    "recall_figure", "running_mean_figure", "selection_heatmaps", "selection_strip_html", "selection_matrix", "step_breakdown", "stream_pieces", "sweep_figure",
     "token_stream_html",
 ]

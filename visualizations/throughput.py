@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import plotly.graph_objects as go
 
@@ -23,6 +23,7 @@ class E2EResults:
     device: str
     workload: str
     records: list[dict] = field(default_factory=list)
+    choice: str | None = None      # why `pick_results` chose this file
 
     @property
     def label(self) -> str:
@@ -53,18 +54,31 @@ def load_e2e_results(results_dir: str | os.PathLike = "bench/results") -> list[E
 FULL_COMPARISON = {"vanilla", "stream", "quest", "specextend", "vegas", "vegas-all"}
 
 
+def workload_size(r: E2EResults) -> int:
+    """Batch x context of the file's workload (its first record's): the headline is the largest."""
+    rec = r.records[0]
+    try:
+        return int(rec.get("batch") or 0) * int(rec.get("context") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
 def pick_results(results: list[E2EResults], device_type: str | None) -> E2EResults | None:
-    """The newest result from the same kind of device as the running engine ('cpu' or 'cuda'; any
-    kind without one). When that is a subset of the methods (an A/B), a full comparison
-    (`FULL_COMPARISON`) from the same day and device is preferred: the table the A/B belongs to.
-    A newer subset from another day or device is shown as it is."""
+    """The headline comparison for the running engine's kind of device ('cpu' or 'cuda'; any kind
+    without one): among the full comparisons (`FULL_COMPARISON`) of that kind, the newest of the
+    largest workload (batch x context), so a later small run (a trace-cost check) does not replace
+    it; without a full comparison, the newest file (an A/B of a few methods). `choice` says which."""
     same = [r for r in results if device_type and r.device.startswith(device_type)] or results
     if not same:
         return None
-    newest = same[0]
-    full = [r for r in same if r.date == newest.date and r.device == newest.device
-            and FULL_COMPARISON <= {rec.get("method") for rec in r.records}]
-    return full[0] if full else newest
+    full = [r for r in same if FULL_COMPARISON <= {rec.get("method") for rec in r.records}]
+    if not full:
+        return replace(same[0], choice="the newest file (no full comparison of every method)")
+    largest = max(workload_size(r) for r in full)
+    pick = next(r for r in full if workload_size(r) == largest)     # `results` is newest first
+    b = pick.records[0]
+    return replace(pick, choice=f"the largest full comparison (batch {b.get('batch')} × {b.get('context')} "
+                                f"tokens), newest of {sum(workload_size(r) == largest for r in full)} such")
 
 
 def method_label(r: dict) -> str:
@@ -92,4 +106,6 @@ def throughput_figure(results: E2EResults | None) -> go.Figure:
                       title="End-to-end throughput per method (bar labels: × vanilla)",
                       meta={"date": results.date, "device": results.device})
     settings = f"batch {b.get('batch')}, up to {b.get('context')} tokens, {results.workload} workload"
+    if results.choice:
+        settings += f" — {results.choice}"
     return stamp(fig, settings, results.provenance)

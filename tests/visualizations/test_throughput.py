@@ -61,7 +61,24 @@ def test_picks_the_newest_full_comparison_over_a_later_ab_file(tmp_path):
     only_ab = [r for r in results if "paab" in r.path]
     assert pick_results(only_ab, "cuda").path.endswith("paab-off-2.json")
     assert pick_results([], "cuda") is None
-    # A subset measured on a later day (a user's own run of two methods) is shown as it is.
+    # A subset measured on a later day does not replace a full comparison either.
     _write(tmp_path / "e2e-2026-12-05-a100.json", "cuda: NVIDIA A100", "2026-12-05",
            [_rec(m, "layer", "greedy", 10.0, 1.0) for m in ("vanilla", "vegas")])
-    assert pick_results(load_e2e_results(tmp_path), "cuda").path.endswith("e2e-2026-12-05-a100.json")
+    assert pick_results(load_e2e_results(tmp_path), "cuda").path.endswith("run10-8k.json")
+
+
+def test_the_headline_is_the_largest_full_comparison_not_a_later_small_one(tmp_path):
+    """A later full comparison on a small workload (a trace-cost check at batch 2) is not the headline."""
+    def full(batch, context):
+        return [dict(_rec(m, "layer", "greedy", 10.0, 1.0), batch=batch, context=context)
+                for m in ("vanilla", "stream", "quest", "specextend", "vegas", "vegas-all")]
+    h200 = "cuda: NVIDIA H200"
+    _write(tmp_path / "e2e-2026-12-04-h200-run50-8k.json", h200, "2026-12-04", full(64, 7979))
+    _write(tmp_path / "e2e-2026-12-05-h200-run52-8k.json", h200, "2026-12-05", full(64, 7979))
+    _write(tmp_path / "e2e-2026-12-06-h200-small-trace-cost.json", h200, "2026-12-06", full(2, 469))
+    _write(tmp_path / "e2e-2026-12-06-cpu.json", "cpu: Xeon", "2026-12-06", full(2, 469))
+    pick = pick_results(load_e2e_results(tmp_path), "cuda")
+    assert pick.path.endswith("run52-8k.json")
+    assert pick.choice == "the largest full comparison (batch 64 × 7979 tokens), newest of 2 such"
+    assert pick.choice in throughput_figure(pick).layout.title.subtitle.text.replace("<br>", " ")
+    assert pick_results(load_e2e_results(tmp_path), "cpu").path.endswith("e2e-2026-12-06-cpu.json")

@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,tune,profile,linear,app,invariant} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,sweep,tune,profile,linear,app,invariant} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, app, collect, decode, e2e, invariant, kernels, linear, profile, tune
+from . import acceptance, agreement, app, collect, decode, e2e, invariant, kernels, linear, profile, sweep, tune
 
 
 # name -> (module with add_arguments / run / a docstring, one-line help)
@@ -20,6 +20,7 @@ BENCHMARKS = {
     "collect": (collect, "Collect-2-Query's cost per verification, iteration and layer, against all rows"),
     "agreement": (agreement, "kernel path vs reference path, same answers?"),
     "e2e": (e2e, "every method on one workload, side by side"),
+    "sweep": (sweep, "vanilla, stream and vegas over batch x context, against the bandwidth bound"),
     "app": (app, "the app streaming through its API against the engine alone, 1 and N clients"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
     "linear": (linear, "the fused projections' launch configurations at a model's shapes, against cuBLAS"),

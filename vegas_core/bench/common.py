@@ -280,10 +280,12 @@ def progress_bar(total: int, desc: str):
 
 
 class _NoBar:
-    def update(self, n=1):
-        pass
+    n = total = 0
 
-    def set_postfix_str(self, s):
+    def update(self, n=1):
+        self.n += n
+
+    def set_postfix_str(self, s, refresh=True):
         pass
 
     def close(self):

@@ -227,10 +227,11 @@ class RunStats:
 PHASES = ("draft_ms", "verify_ms", "select_ms")
 
 
-def prefill_parents(engine, workload: Workload) -> list:
+def prefill_parents(engine, workload: Workload, on_step=None) -> list:
     """Prefill every distinct prompt once, as held vanilla requests that never decode; each run
     then forks its requests from them (`Engine.fork` copies the KV), so every method starts from
-    the same cache bit for bit and no run pays for the prefill."""
+    the same cache bit for bit and no run pays for the prefill. `on_step(0)` after every step
+    (as `run_workload`'s `progress`)."""
     from ..sampling import SamplingParams
     from ..spec import SpecParams
     parents = [engine.add(p, SamplingParams(max_tokens=1), SpecParams(method="vanilla"))
@@ -239,6 +240,8 @@ def prefill_parents(engine, workload: Workload) -> list:
         engine.pause(p.request_id)
     while any(p.needs_prefill for p in parents):
         engine.step()
+        if on_step is not None:
+            on_step(0)
     return parents
 
 
