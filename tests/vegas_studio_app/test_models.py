@@ -65,11 +65,12 @@ def test_a_new_worker_frees_the_old_engine_before_loading(tmp_path):
     from vegas_studio_app.worker import EngineWorker
     loads = []
 
-    class Engine:   # enough of an engine for the worker's status line
+    class Engine:   # enough of an engine for the worker's status line and warm-up check
         def __init__(self):
             self.config = type("C", (), {"name": "fake"})()
             self.source, self.device, self.dtype = "fake", "cpu", "float32"
-            self.core = type("Core", (), {"runner": type("R", (), {"kernels": False})(), "has_work": False})()
+            self.core = type("Core", (), {"runner": type("R", (), {"kernels": False, "graphs": None})(),
+                                          "has_work": False})()
 
     def factory():
         loads.append(old.engine)   # what the old worker held when this load began
