@@ -39,3 +39,6 @@ def test_warm_up_makes_each_methods_graphs_at_each_batch(tiny_path):
     kinds = {(k.kind, k.batch) for k in graphs.graphs}     # draft chains at both batches, verifications
     assert {("fixed", 1), ("fixed", 2), ("dense", 2)} <= kinds
     assert engine.core.allocator.num_free == engine.core.allocator.num_blocks   # nothing left behind
+    # A base model without a chat template (Gemma-3-270M) is warmed up with a plain prompt.
+    engine.tokenizer.chat_template = engine.tokenizer._template = None
+    assert warm_up(engine, 1, methods=("vanilla",)) is True
