@@ -85,7 +85,6 @@ def profile_method(engine, workload, parents, sampling, spec, steps: int) -> dic
     have run, then profile `steps` steps; the requests are aborted afterwards."""
     import time
 
-    import torch
     from torch.profiler import ProfilerActivity, profile
     core = engine.core
     reqs = [engine.fork(parents[i % len(parents)], sampling, spec) for i in range(workload.batch)]
