@@ -336,10 +336,11 @@ class Engine:
         return events
 
     def warm_up(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-                spec: SpecParams | None = None) -> float | None:
+                spec: SpecParams | None = None, batch: int = 1) -> float | None:
         """On CUDA graphs: a short generation with these settings (every kind of step once: decode,
-        draft, verification), so that graph capture and kernel compilation stay out of a timed run
-        that follows. Returns its seconds, or None where nothing is captured (CPU, eager)."""
+        draft, verification), `batch` copies of the prompt at once (graphs are captured per batch
+        bucket), so that graph capture and kernel compilation stay out of a timed run that
+        follows. Returns its seconds, or None where nothing is captured (CPU, eager)."""
         if self.core.runner.graphs is None:
             return None
         spec = spec or self.core.spec
@@ -348,7 +349,7 @@ class Engine:
         short = dataclasses.replace(sampling, max_tokens=min(sampling.max_tokens, steps), ignore_eos=True,
                                     stop=())
         t = time.perf_counter()
-        self.generate([prompt], short, spec)
+        self.generate([prompt] * batch, short, spec)
         return time.perf_counter() - t
 
     # -- batch and stream ----------------------------------------------------------------------

@@ -33,11 +33,11 @@ def warm_up(engine, concurrency: int, progress: Callable[[int, int, str, int], N
     if engine.core.runner.graphs is None:
         return False
     plan = warm_up_plan(concurrency, methods)
-    chat = engine.tokenizer.chat_template is not None     # a base model (Gemma-3-270M) has none
+    # a base model (Gemma-3-270M) has no chat template: a plain prompt
+    ids = engine.encode_prompt(PROMPT, chat=engine.tokenizer.chat_template is not None)
     for i, (method, batch) in enumerate(plan):
         if progress is not None:
             progress(i, len(plan), method, batch)
         spec = SpecParams(method=method, **({} if method == "vanilla" else settings or APP_SPEC))
-        steps = 3 * (spec.gamma + 1) if spec.speculative else 2 * engine.core.options.multi_step
-        engine.generate([PROMPT] * batch, SamplingParams(max_tokens=steps, ignore_eos=True), spec, chat=chat)
+        engine.warm_up(ids, SamplingParams(), spec, batch=batch)
     return True
