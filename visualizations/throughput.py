@@ -102,6 +102,8 @@ def throughput_figure(results: E2EResults | None) -> go.Figure:
             hovertemplate="%{x}: %{y:.1f} tokens/s (%{text} vanilla)<br>mean acceptance length "
                           "%{customdata[0]:.2f}, gamma %{customdata[1]}, sparsity %{customdata[2]}<extra></extra>"))
     b = results.records[0]
+    top = max((r["tokens_per_s"] or 0) for r in results.records)
+    fig.update_yaxes(range=[0, 1.12 * top])                 # room for the "× vanilla" labels above the bars
     fig.update_layout(barmode="group", yaxis_title="decode tokens/s", height=420,
                       title="End-to-end throughput per method (bar labels: × vanilla)",
                       meta={"date": results.date, "device": results.device})

@@ -363,7 +363,12 @@ FIT_JS = """(id) => {
                                           && r.bottom <= svg.bottom + 1);
   const parts = Array.from(el.querySelectorAll('.legend, .annotation, .gtitle, .gtitle-subtitle'));
   const sub = el.querySelector('.gtitle-subtitle');
+  // The subtitle ends above the plot area and above any bar label drawn outside it.
+  const subBottom = sub ? sub.getBoundingClientRect().bottom : -1e9;
+  const below = Array.from(el.querySelectorAll('.nsewdrag, .bartext')).map(e => e.getBoundingClientRect())
+                     .filter(r => r.width > 0);
   return {plot: svg.width, panel: panel.width, clipped: parts.some(p => !inside(p.getBoundingClientRect())),
+          subtitleOverlaps: below.some(r => r.top < subBottom - 1),
           empty: !!(el.layout.meta && el.layout.meta.empty), provenance: (el.layout.meta || {}).provenance || '',
           subtitlePx: sub ? parseFloat(getComputedStyle(sub).fontSize) : 0};
 }"""
@@ -380,6 +385,7 @@ def test_figures_fit_their_panel_and_name_settings_and_source(page):
                 fit = page.evaluate(FIT_JS, elem_id)
                 assert fit["plot"] >= 0.95 * fit["panel"], (width, elem_id, fit)       # not 700 px in a wide panel
                 assert not fit["clipped"], (width, elem_id, fit)
+                assert not fit["subtitleOverlaps"], (width, elem_id, fit)
                 if not fit["empty"]:
                     assert fit["subtitlePx"] >= 12 and fit["provenance"], (width, elem_id, fit)
                     live = fit["provenance"].startswith("measured live on cpu")
