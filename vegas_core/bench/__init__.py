@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,sweep,tune,profile,linear,app,invariant} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,sweep,tune,profile,linear,sampling,app,invariant} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import acceptance, agreement, app, collect, decode, e2e, invariant, kernels, linear, profile, sweep, tune
+from . import (acceptance, agreement, app, collect, decode, e2e, invariant, kernels, linear, profile,
+               sampling, sweep, tune)
 
 
 # name -> (module with add_arguments / run / a docstring, one-line help)
@@ -24,6 +25,7 @@ BENCHMARKS = {
     "app": (app, "the app streaming through its API against the engine alone, 1 and N clients"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
     "linear": (linear, "the fused projections' launch configurations at a model's shapes, against cuBLAS"),
+    "sampling": (sampling, "the batched sampler: PyTorch against the Triton kernel, top-k before/after"),
     "profile": (profile, "where a decode iteration's time goes, kernel by kernel, per method"),
     "invariant": (invariant, "the batch-invariant mode's launches: timed beside the default's, bits checked"),
 }

@@ -11,8 +11,12 @@ The filter is a set of thresholds on the scaled logits x = logit / T (greedy row
 at the first argmax), so it needs no order, only the threshold (`probs_from_tensors` states the
 rule): each is the largest order-preserving int32 key of x whose count (top-k) or mass (top-p)
 of entries at or above it reaches the target, found by a (WAYS + 1)-ary search over the key range:
-each pass counts or sums at WAYS candidate keys at once. Top-k's passes go over the row; top-p's
-over the few entries that can be in the nucleus at all, compacted first (see the kernel).
+each pass counts or sums at WAYS candidate keys at once. The searches go over a few compacted
+candidates, not the row: for top-k the entries at or above the k-th largest of the row's sub-tile
+maxima (kept in registers by the first pass; exact: k entries lie at or above it), for top-p
+without top-k those that can be in the nucleus at all. A top-k row with k above the sub-tile
+count (`topk_bound_tiles`: 594 for 151,936 tokens in the default tiles) searches over the whole
+row instead, a dozen passes (see the kernel).
 
 Contract:
 - `sample_rows(logits, params, keys, positions, tag, sample=True)` -> ``(probs, tokens)``:
@@ -82,13 +86,19 @@ if triton is not None:
         return b ^ ((b >> 31) & 0x7FFFFFFF)
 
     @triton.jit
-    def _scaled(logits_ptr, row_off, start, V: tl.constexpr, T, BLOCK: tl.constexpr):
-        """Columns [start, start + BLOCK) of the row as x = logit / T (the reference divides too);
+    def _scaled_at(logits_ptr, row_off, offs, V: tl.constexpr, T):
+        """Columns ``offs`` (any shape) of the row as x = logit / T (the reference divides too);
         -inf past V. Adding +0.0 turns -0.0 into +0.0, so keys compare as the floats do."""
-        offs = start + tl.arange(0, BLOCK)
         valid = offs < V
         x = tl.load(logits_ptr + row_off + offs, mask=valid, other=float("-inf"))
-        return offs, valid, x / T + 0.0
+        return valid, x / T + 0.0
+
+    @triton.jit
+    def _scaled(logits_ptr, row_off, start, V: tl.constexpr, T, BLOCK: tl.constexpr):
+        """Columns [start, start + BLOCK) of the row, scaled (`_scaled_at`)."""
+        offs = start + tl.arange(0, BLOCK)
+        valid, x = _scaled_at(logits_ptr, row_off, offs, V, T)
+        return offs, valid, x
 
     @triton.jit
     def _neg_log(u, INTERPRET: tl.constexpr):
@@ -144,11 +154,44 @@ if triton is not None:
         return lo
 
     @triton.jit
-    def _mass_search(cand_ptr, n_c, m, lo, hi, target, BLOCK: tl.constexpr, WAYS: tl.constexpr):
-        """`_count_search` for top-p over the compacted candidates (scaled logits at
-        cand_ptr[0:n_c]): the largest key t with the mass exp(x - m) of candidates at or above it
-        reaching `target`. While loops over the runtime count: the interpreter takes no loaded
-        bound in range()."""
+    def _key_search(keys, lo, hi, target, WAYS: tl.constexpr):
+        """`_count_search` over a 1-D register tensor of keys: the largest key t in [lo, hi] with at
+        least `target` of them at or above it (the count at lo reaches it)."""
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+        while lo < hi:
+            cand = _candidate_keys(lo, hi, WAYS)
+            count = tl.sum((keys.to(tl.int64)[:, None] >= cand[None, :]).to(tl.float32), axis=0)
+            lo, hi = _narrow(cand, count, target, lo, hi)
+        return lo
+
+    @triton.jit
+    def _compact(logits_ptr, row_off, V: tl.constexpr, T, m, lo, floor, out_ptr,
+                 BLOCK: tl.constexpr):
+        """Stores the row's entries with key >= lo and exp(x - m) >= floor at out_ptr[0:n], in row
+        order (the probs row as scratch): (n, their least key)."""
+        n = tl.full([], 0, dtype=tl.int32)
+        m_key = _key(m)
+        least = m_key
+        for start in range(0, V, BLOCK):
+            offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+            key = _key(x)
+            keep = valid & (key >= lo) & (tl.exp(x - m) >= floor)
+            flag = keep.to(tl.int32)
+            tl.store(out_ptr + n + tl.cumsum(flag, axis=0) - flag, x, mask=keep)
+            n += tl.sum(flag, axis=0)
+            least = tl.minimum(least, tl.min(tl.where(keep, key, m_key), axis=0))
+        tl.debug_barrier()     # the candidates, stored by every thread, read by all
+        return n, least
+
+    @triton.jit
+    def _candidate_search(cand_ptr, n_c, m, lo, hi, target, MASS: tl.constexpr,
+                          BLOCK: tl.constexpr, WAYS: tl.constexpr):
+        """`_count_search` over the compacted candidates (scaled logits at cand_ptr[0:n_c]): the
+        largest key t in [lo, hi] with the count (top-k) or, with MASS, the mass exp(x - m)
+        (top-p) of candidates at or above it reaching `target`. Exact for the row where every
+        entry with key >= lo is a candidate. While loops over the runtime count: the interpreter
+        takes no loaded bound in range()."""
         lo = lo.to(tl.int64)
         hi = hi.to(tl.int64)
         while lo < hi:
@@ -158,27 +201,53 @@ if triton is not None:
             while start < n_c:
                 offs = start + tl.arange(0, BLOCK)
                 x = tl.load(cand_ptr + offs, mask=offs < n_c, other=float("-inf"))
-                key = _key(x).to(tl.int64)
-                acc += tl.where(key[:, None] >= cand[None, :], tl.exp(x - m)[:, None], 0.0)
+                above = _key(x).to(tl.int64)[:, None] >= cand[None, :]
+                if MASS:
+                    acc += tl.where(above, tl.exp(x - m)[:, None], 0.0)
+                else:
+                    acc += tl.where(above, 1.0, 0.0)
                 start += BLOCK
             lo, hi = _narrow(cand, tl.sum(acc, axis=0), target, lo, hi)
         return lo
 
     @triton.jit
+    def _candidate_mass(cand_ptr, n_c, m, t, min_p, BLOCK: tl.constexpr):
+        """The mass exp(x - m) of the candidates with key >= t and exp(x - m) >= min_p."""
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        start = 0
+        while start < n_c:
+            offs = start + tl.arange(0, BLOCK)
+            x = tl.load(cand_ptr + offs, mask=offs < n_c, other=float("-inf"))
+            e = tl.exp(x - m)
+            acc += tl.where((_key(x) >= t) & (e >= min_p), e, 0.0)
+            start += BLOCK
+        return tl.sum(acc, axis=0)
+
+    @triton.jit
     def _sample_rows_kernel(logits_ptr, s_l, probs_ptr, s_p, tok_ptr, params_ptr, s_par,
-                            keys_ptr, pos_ptr, salt, V: tl.constexpr,
+                            keys_ptr, pos_ptr, salt, n_c_ptr, V: tl.constexpr,
                             FILTERED: tl.constexpr, SAMPLE: tl.constexpr, BLOCK: tl.constexpr,
-                            BLOCK_S: tl.constexpr, WAYS: tl.constexpr, INTERPRET: tl.constexpr):
+                            BLOCK_S: tl.constexpr, WAYS: tl.constexpr, MAXIMA: tl.constexpr,
+                            NT_PAD: tl.constexpr, NS: tl.constexpr, TOPK_CANDIDATES: tl.constexpr,
+                            N_C_OUT: tl.constexpr, INTERPRET: tl.constexpr):
         """One program per row (the vocabulary V is a compile-time constant: one compile per
         model, and the loops over it need no loaded bound). Passes over the row:
-        1. the max of x (its first argmax for greedy rows) and the mass exp(x - max), online;
-        2. top-k rows: the count search (`_count_search`, several passes) and the survivors' mass;
-        3. top-p rows: every kept entry has exp(x - m) >= (1 - top_p) * mass / V (the entries
-           below hold less than 1 - top_p of the mass together), so those candidates are
-           compacted into the probs row, used as scratch, and the mass search runs over them
-           alone; the kept mass is summed over them too. Other rows sum it over the row;
+        1. the max of x (its first argmax for greedy rows) and the mass exp(x - max), online, and
+           with TOPK_CANDIDATES the max of each sub-tile of BLOCK / MAXIMA columns (NS of them);
+        2. top-k rows with k <= NS: the k-th largest sub-tile max L is at most the row's k-th
+           largest entry (k sub-tiles hold an entry >= L each), so the entries with x >= L are
+           compacted into the probs row, used as scratch, and the count search runs over them:
+           counts at keys >= key(L) are the row's, so the threshold is the full search's. Other
+           top-k rows: the count search over the row (`_count_search`, several passes), then
+           the survivors' mass;
+        3. top-p rows: the mass search over the compacted candidates: top-k's, else those with
+           exp(x - m) >= (1 - top_p) * mass / V (the entries below hold less than 1 - top_p
+           of the mass together), compacted now. The kept mass is summed over the candidates
+           where there are any, else over the row;
         4. the probabilities written and, with SAMPLE, the race.
-        Without FILTERED the row holds weights: the race alone, one pass."""
+        A top-k row reads the row three times (1, 2's compaction, 4). Without FILTERED the row
+        holds weights: the race alone, one pass. N_C_OUT stores each row's candidate count
+        (0: none compacted) at n_c_ptr, for the tests and the bench."""
         row = tl.program_id(0)
         row_off = row.to(tl.int64) * s_l
         out_ptr = probs_ptr + row.to(tl.int64) * s_p
@@ -199,48 +268,57 @@ if triton is not None:
             m = tl.full([], -float("inf"), dtype=tl.float32)
             m_i = tl.full([], 0, dtype=tl.int32)
             z = tl.full([], 0.0, dtype=tl.float32)
+            # The keys of the sub-tile maxima, [tile, sub-tile]; slots past the last tile hold the
+            # lowest int32 key, below any entry's, so they never raise top-k's bound.
+            maxima = tl.full([NT_PAD, MAXIMA], -2147483648, dtype=tl.int32)
+            tiles = tl.arange(0, NT_PAD)
+            SUB: tl.constexpr = BLOCK // MAXIMA
             for start in range(0, V, BLOCK):
-                offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
-                c = tl.max(x, axis=0)
-                c_i = tl.min(tl.where(x == c, offs, V), axis=0)
+                # The tile as [MAXIMA, SUB]: row i is sub-tile i, in memory order.
+                offs = start + tl.arange(0, MAXIMA)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+                valid, x = _scaled_at(logits_ptr, row_off, offs, V, T)
+                sub = tl.max(x, axis=1)
+                c = tl.max(sub, axis=0)
+                c_i = tl.min(tl.min(tl.where(x == c, offs, V), axis=1), axis=0)
                 m_new = tl.maximum(m, c)
-                z = z * tl.exp(m - m_new) + tl.sum(tl.exp(x - m_new), axis=0)
+                z = z * tl.exp(m - m_new) + tl.sum(tl.sum(tl.exp(x - m_new), axis=1), axis=0)
                 m_i = tl.where(c > m, c_i, m_i)
                 m = m_new
+                if TOPK_CANDIDATES:
+                    maxima = tl.where(tiles[:, None] == start // BLOCK, _key(sub)[None, :], maxima)
             t = tl.full([], -2147483648, dtype=tl.int64)   # the lowest int32 key: keep everything
             m_key = _key(m)
             n_c = tl.full([], 0, dtype=tl.int32)
             if sampled:
                 if top_k < V:
-                    t = _count_search(logits_ptr, row_off, V, T, t, m_key, top_k, BLOCK_S, WAYS)
-                    zk = tl.zeros([BLOCK], dtype=tl.float32)
-                    for start in range(0, V, BLOCK):
-                        offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
-                        zk += tl.where(valid & (_key(x) >= t), tl.exp(x - m), 0.0)
-                    z = tl.sum(zk, axis=0)
+                    if TOPK_CANDIDATES and top_k <= NS:
+                        # Every entry top-k can keep is at or above the k-th largest sub-tile
+                        # max (pass 2 in the docstring); counts above it are the row's.
+                        bound = _key_search(tl.reshape(maxima, [NT_PAD * MAXIMA]), t, m_key,
+                                            top_k, WAYS)
+                        n_c, _ = _compact(logits_ptr, row_off, V, T, m, bound, 0.0, out_ptr, BLOCK)
+                        t = _candidate_search(out_ptr, n_c, m, bound, m_key, top_k, False,
+                                              BLOCK_S, WAYS)
+                        z = _candidate_mass(out_ptr, n_c, m, t, 0.0, BLOCK_S)
+                    else:
+                        t = _count_search(logits_ptr, row_off, V, T, t, m_key, top_k, BLOCK_S, WAYS)
+                        zk = tl.zeros([BLOCK], dtype=tl.float32)
+                        for start in range(0, V, BLOCK):
+                            offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
+                            zk += tl.where(valid & (_key(x) >= t), tl.exp(x - m), 0.0)
+                        z = tl.sum(zk, axis=0)
                 if top_p < 1.0:
-                    floor = (1.0 - top_p) * z / V
-                    lo = m_key
-                    for start in range(0, V, BLOCK):
-                        offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
-                        key = _key(x)
-                        keep = valid & (key >= t) & (tl.exp(x - m) >= floor)
-                        flag = keep.to(tl.int32)
-                        tl.store(out_ptr + n_c + tl.cumsum(flag, axis=0) - flag, x, mask=keep)
-                        n_c += tl.sum(flag, axis=0)
-                        lo = tl.minimum(lo, tl.min(tl.where(keep, key, m_key), axis=0))
-                    tl.debug_barrier()     # the candidates, stored by every thread, read by all
-                    t = _mass_search(out_ptr, n_c, m, tl.maximum(t, lo.to(tl.int64)), m_key,
-                                     top_p * z, BLOCK_S, WAYS)
+                    lo = t
+                    if n_c == 0:      # no top-k candidates: the nucleus's own, above its floor
+                        n_c, least = _compact(logits_ptr, row_off, V, T, m, t,
+                                              (1.0 - top_p) * z / V, out_ptr, BLOCK)
+                        lo = tl.maximum(t, least.to(tl.int64))
+                    t = _candidate_search(out_ptr, n_c, m, lo, m_key, top_p * z, True, BLOCK_S, WAYS)
+            if N_C_OUT:
+                tl.store(n_c_ptr + row, n_c)
             z2 = tl.full([], 0.0, dtype=tl.float32)
             if n_c > 0:
-                start = 0
-                while start < n_c:
-                    offs = start + tl.arange(0, BLOCK)
-                    x = tl.load(out_ptr + offs, mask=offs < n_c, other=float("-inf"))
-                    e = tl.exp(x - m)
-                    z2 += tl.sum(tl.where((_key(x) >= t) & (e >= min_p), e, 0.0), axis=0)
-                    start += BLOCK
+                z2 = _candidate_mass(out_ptr, n_c, m, t, min_p, BLOCK_S)
             else:
                 for start in range(0, V, BLOCK):
                     offs, valid, x = _scaled(logits_ptr, row_off, start, V, T, BLOCK)
@@ -266,7 +344,23 @@ if triton is not None:
             tl.store(tok_ptr + row, best_i.to(tl.int64))
 
 
-def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, num_warps):
+# Sub-tile maxima a tile keeps for top-k's bound: BLOCK / MAXIMA columns each (256 at the
+# default 4,096), so a 151,936-token row has 594 and any k up to that takes the candidates.
+MAXIMA = 16
+
+
+def _tiles(vocab: int, block: int) -> int:
+    return -(-vocab // block)
+
+
+def topk_bound_tiles(vocab: int, block: int) -> int:
+    """How many sub-tile maxima a row of ``vocab`` in tiles of ``block`` has: a top-k row with
+    k at most this (and below ``vocab``) takes the candidate path, the others the full search."""
+    return _tiles(vocab, block // min(MAXIMA, block))
+
+
+def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, num_warps,
+            topk_candidates=True, n_c=None):
     if triton is None:
         raise RuntimeError("kernels.sampling needs Triton; use the *_reference functions")
     from vegas_core.random_streams import tag_salt
@@ -274,6 +368,7 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
     if n == 0:
         return
     block = block or min(4096, max(16, triton.next_power_of_2(vocab)))
+    maxima = min(MAXIMA, block) if topk_candidates else 1
     # A variant's unused outputs and inputs point at the logits (never touched).
     probs_arg = logits if probs is None else probs
     if tokens is not None:
@@ -282,25 +377,31 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
         logits, logits.stride(0), probs_arg, probs_arg.stride(0),
         logits if tokens is None else tokens, logits if params is None else params, n,
         logits if tokens is None else keys, logits if tokens is None else positions, tag_salt(tag),
-        vocab, FILTERED=probs is not None, SAMPLE=tokens is not None, BLOCK=block,
-        BLOCK_S=min(block, 1024), WAYS=ways, INTERPRET=bool(triton.knobs.runtime.interpret),
-        num_warps=num_warps)
+        logits if n_c is None else n_c, vocab, FILTERED=probs is not None,
+        SAMPLE=tokens is not None, BLOCK=block, BLOCK_S=min(block, 1024), WAYS=ways,
+        MAXIMA=maxima, NT_PAD=triton.next_power_of_2(_tiles(vocab, block)),
+        NS=topk_bound_tiles(vocab, block), TOPK_CANDIDATES=topk_candidates,
+        N_C_OUT=n_c is not None, INTERPRET=bool(triton.knobs.runtime.interpret), num_warps=num_warps)
 
 
 def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
-                block: int | None = None, ways: int = 4, num_warps: int = 8):
+                block: int | None = None, ways: int = 4, num_warps: int = 8,
+                topk_candidates: bool = True, candidates: torch.Tensor | None = None):
     """Triton version of `sample_rows_reference` (see the module docstring): (probs, tokens),
     tokens None without ``sample``. ``block`` columns per tile of a pass (default 4096, or the
     vocabulary rounded up to a power of two when smaller; the searches take tiles of at most
-    1024), ``ways`` candidate keys per search pass (a power of two). The defaults are the
-    fastest measured on the H200 (bench/results/sampling-2026-12-02-h200*.json). No host read:
-    safe in a CUDA graph."""
+    1024), ``ways`` candidate keys per search pass (a power of two). The defaults are the fastest
+    measured on the H200 (bench/results/sampling-2026-12-02-h200*.json).
+    ``topk_candidates`` False: every top-k row searches over the whole row (the kernel before
+    bench/NOTES.md version 61, kept for the bench's before/after). ``candidates``: an int32 [N]
+    tensor that receives each row's compacted candidate count (0: none), for tests and the
+    bench. No host read: safe in a CUDA graph."""
     logits = logits.float()
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device) if sample else None
     _launch(logits, params.to(torch.float32).contiguous(), keys, positions, tag, probs,
-            tokens, block, ways, num_warps)
+            tokens, block, ways, num_warps, topk_candidates, candidates)
     return probs, tokens
 
 
@@ -309,5 +410,5 @@ def race(weights, keys, positions, tag: int, block: int | None = None, num_warps
     weights = weights.float()
     weights = weights if weights.stride(1) == 1 else weights.contiguous()
     tokens = torch.empty(weights.shape[0], dtype=torch.int64, device=weights.device)
-    _launch(weights, None, keys, positions, tag, None, tokens, block, 4, num_warps)
+    _launch(weights, None, keys, positions, tag, None, tokens, block, 4, num_warps, False)
     return tokens

@@ -595,3 +595,17 @@ def test_linear_names_each_projection_of_the_layer_and_needs_a_gpu(capsys, tiny_
     assert (shapes["down_proj"]["n"], shapes["down_proj"]["k"]) == (cfg.hidden_size, cfg.intermediate_size)
     assert main(["linear", "--model", tiny_model, "--device", "cpu"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_sampling_checks_both_top_k_paths_and_needs_a_gpu(capsys, monkeypatch):
+    from vegas_core.bench import kernels, sampling
+    monkeypatch.setattr(kernels, "_bench", lambda fn: 1.0)      # the interpreter is not timed
+    recs = sampling.records_for("qwen-card", 3, 8192, list(sampling.PATHS), [4], [8], 3.0,
+                                torch.device("cpu"))
+    assert [r["topk_path"] for r in recs] == ["candidates", "search"]
+    for r in recs:
+        assert r["kept_set_mismatch_rows"] == r["token_mismatch_rows"] == 0 and r["max_prob_diff"] < 1e-6
+        assert 1 <= r["mean_kept"] <= 20 and r["mean_kept"] <= r["mean_candidates"]
+    assert recs[0]["mean_candidates"] >= 20                      # top-k's: at least k a row
+    assert main(["sampling", "--device", "cpu"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -12,7 +12,8 @@ import os
 import pytest
 import torch
 
-from vegas_core.kernels.sampling import race, race_reference, sample_rows, sample_rows_reference
+from vegas_core.kernels.sampling import (race, race_reference, sample_rows, sample_rows_reference,
+                                         topk_bound_tiles)
 from vegas_core.random_streams import DRAFT, TOKEN, stream_key, uniforms
 
 # CPU under the interpreter (CI); compiled on a GPU when run with TRITON_INTERPRET=0 there.
@@ -97,3 +98,68 @@ def test_race_gives_sample_keyed_tokens(tag):
     tokens = race(weights, keys, positions, tag, block=128)
     assert torch.equal(tokens, race_reference(weights, keys, positions, tag))
     assert int(tokens[5]) == 123 and bool((weights.gather(1, tokens[:, None]) > 0).all())
+
+
+def _topk_batch(vocab, ns, seed):
+    """Rows for the top-k candidate path, with ``ns`` the row's sub-tile maxima
+    (`topk_bound_tiles`): greedy; top-k 1, 20, ``ns`` (the largest k the bound covers) and
+    ``ns`` + 1 (the full search); Qwen2.5's card (0.7, top-k 20, top-p 0.8) with min-p; top-p
+    alone; plain; and two rows of logits on a grid of 3 x vocab / ns values (groups of about
+    ns / 3 equal entries), one with k = 5 inside the top value's group, the other with k five
+    past it, inside the second's: thresholds in a tie, the first at the bound itself."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(10, vocab, generator=g) * 4).bfloat16().float()
+    logits[8:] = torch.randint(0, 3 * vocab // ns, (2, vocab), generator=g) * 0.25 - 12
+    top = int((logits[9] == logits[9].max()).sum())
+    rows = [  # temperature, top-k, top-p, min-p
+        (0.0, 20, 1.0, 0.0), (0.7, 1, 1.0, 0.0), (0.7, 20, 1.0, 0.0), (1.0, ns, 1.0, 0.0),
+        (1.0, ns + 1, 1.0, 0.0), (0.7, 20, 0.8, 0.05), (1.0, vocab, 0.9, 0.0), (1.2, vocab, 1.0, 0.0),
+        (1.3, 5, 1.0, 0.0), (0.9, top + 5, 0.95, 0.02)]
+    params = torch.tensor(rows).T.contiguous()
+    keys = torch.tensor([stream_key(seed * 100 + i) for i in range(10)])
+    positions = torch.randint(0, 1 << 20, (10,), generator=g)
+    return [t.to(DEVICE) for t in (logits, params, keys, positions)]
+
+
+def _candidate_count(x, k, sub):
+    """How many entries of the scaled row x the kernel compacts for top-k: those at or above the
+    k-th largest maximum of its sub-tiles of ``sub`` columns (the last one padded with -inf)."""
+    pad = torch.full((-len(x) % sub,), float("-inf"), device=x.device)
+    maxima = torch.cat([x, pad]).view(-1, sub).max(dim=1).values
+    return int((x >= maxima.sort(descending=True).values[k - 1]).sum())
+
+
+@pytest.mark.parametrize("vocab,block", [(3000, 256), (20000, 2048)])
+@pytest.mark.parametrize("topk_candidates", [True, False])
+def test_topk_rows_over_many_tiles_match_the_reference(vocab, block, topk_candidates):
+    ns = topk_bound_tiles(vocab, block)
+    logits, params, keys, positions = _topk_batch(vocab, ns, seed=vocab)
+    n_c = torch.full((10,), -1, dtype=torch.int32, device=DEVICE)
+    probs, tokens = sample_rows(logits, params, keys, positions, TOKEN, block=block,
+                                topk_candidates=topk_candidates, candidates=n_c)
+    ref_probs, ref_tokens = sample_rows_reference(logits, params, keys, positions, TOKEN)
+    assert torch.equal(probs > 0, ref_probs > 0)
+    torch.testing.assert_close(probs, ref_probs, atol=1e-6, rtol=0)
+    _assert_race_margin(ref_probs, keys, positions, TOKEN)
+    assert torch.equal(tokens, ref_tokens)
+    kept = (probs > 0).sum(dim=-1).tolist()
+    assert kept[0] == 1 and kept[7] == vocab and min(kept[1:6]) >= 1
+    ranks = [(logits[r] >= logits[r].unique().flip(0)[:2, None]).sum(dim=-1) for r in (8, 9)]
+    assert kept[8] == ranks[0][0] > 5 and kept[9] == ranks[1][1] > params[1, 9]  # tie groups whole
+    # Which rows compacted candidates, and how many: top-p rows always; top-k rows with
+    # k <= ns only on the candidate path, exactly the entries at or above the bound.
+    n_c = n_c.tolist()
+    assert n_c[0] == 0 and n_c[4] == 0 and n_c[7] == 0 and n_c[6] > 0
+    for row in (1, 2, 3, 5, 8, 9):
+        if topk_candidates:
+            x = logits[row] / params[0, row]
+            assert n_c[row] == _candidate_count(x, int(params[1, row]), block // 16) >= kept[row]
+            assert n_c[row] < vocab // 4 or row == 3     # k = ns: the bound is the least max
+        else:
+            assert (n_c[row] > 0) == bool(params[2, row] < 1)
+
+
+def test_topk_bound_tiles_counts_sub_tiles_of_a_sixteenth_of_the_block():
+    assert topk_bound_tiles(151936, 4096) == 594      # Qwen2.5: top-k up to 594 takes candidates
+    assert topk_bound_tiles(3000, 256) == 188 and topk_bound_tiles(13, 16) == 13
+    assert topk_bound_tiles(100, 8) == 100           # a block below 16 columns: one-column sub-tiles
