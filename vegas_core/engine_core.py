@@ -32,7 +32,7 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool, kv_pool_bytes, weights_bytes
 from .model_runner import BatchEntry, ModelRunner
-from .options import EngineOptions
+from .options import EngineOptions, with_measured_invariant
 from .overlap import Overlap
 from .random_streams import ACCEPT, DRAFT, stream_key, uniforms
 from .rejection import RejectionResult
@@ -71,7 +71,9 @@ class EngineCore:
                  spec: SpecParams | None = None):
         self.config = config
         self.device = torch.device(device)
-        self.options = opts = options or EngineOptions()
+        opts = with_measured_invariant(options or EngineOptions(), config.num_heads, config.num_kv_heads,
+                                       config.head_dim)
+        self.options = opts
         self.spec = spec or SpecParams(method="vanilla")
         num_blocks = opts.num_blocks or max(
             1, kv_pool_bytes(self.device, opts, weights_bytes(weights, dtype))

@@ -36,6 +36,7 @@ from vegas_core.spec import SpecParams
 GPU = os.environ.get("TRITON_INTERPRET") == "0" and torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 GRAPHS = "auto" if GPU else "static"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METHODS = ("stream", "quest", "specextend", "vegas", "vegas-all")
 
 
@@ -106,6 +107,23 @@ def test_an_invariant_config_round_trips_through_json(tmp_path):
         InvariantConfig.from_dict({"block_k": 16})
     with pytest.raises(InvalidRequestError, match="invariant must be an InvariantConfig"):
         KernelOptions(invariant=TUNED.to_dict())
+
+
+def test_the_measured_launches_are_the_bench_results_best_and_an_engine_takes_them(tiny, monkeypatch):
+    """`MEASURED_INVARIANT` holds what its `bench invariant` file chose for that shape; an engine of
+    that shape whose options leave the defaults runs it, and a configuration given is kept."""
+    from vegas_core import options as options_mod
+    for (heads, kv_heads, dim), (path, values) in options_mod.MEASURED_INVARIANT.items():
+        best = InvariantConfig.from_file(os.path.join(ROOT, path), heads, kv_heads, dim)
+        assert best == InvariantConfig(**values), path
+    c = tiny.config
+    monkeypatch.setitem(options_mod.MEASURED_INVARIANT, (c.num_heads, c.num_kv_heads, c.head_dim),
+                        ("measured.json", dict(block_m=16, unmasked_tiles=True)))
+    core = EngineCore(c, tiny.weights, "cpu", torch.float32, EngineOptions(num_blocks=8, deterministic=True))
+    assert core.options.kernels.invariant == InvariantConfig(block_m=16, unmasked_tiles=True)
+    assert core.runner.options.kernels.invariant.source == "measured.json"
+    given = EngineOptions(num_blocks=8, deterministic=True, kernels=KernelOptions(invariant=TUNED))
+    assert EngineCore(c, tiny.weights, "cpu", torch.float32, given).options.kernels.invariant == TUNED
 
 
 class _Spy:

@@ -64,6 +64,11 @@ CONFIGS: dict[tuple[int, int, bool], tuple[int, int, int, int, int]] = {
     (576, 576, False): (64, 16, 128, 4, 3),      # o_proj
     (1536, 576, True): (16, 64, 64, 4, 3),       # gate_up
     (576, 1536, False): (64, 16, 128, 4, 3),     # down_proj
+    # Qwen2.5-0.5B, at 64 rows on an H100 (bench/results/linear-2026-12-06-h100-qwen.json)
+    (1152, 896, False): (16, 64, 128, 8, 3),     # qkv
+    (896, 896, False): (16, 32, 128, 4, 3),      # o_proj
+    (4864, 896, True): (64, 64, 128, 8, 3),      # gate_up
+    (896, 4864, False): (16, 16, 128, 4, 3),     # down_proj
 }
 DEFAULT_CONFIG = (16, 32, 64, 4, 3)
 # The head (vocabulary-wide N), which only the batch-invariant mode runs here: wide tiles, so the

@@ -30,7 +30,7 @@ from vegas_core.kernels.invariance import attention_mismatches, paged_pool, rows
 from vegas_core.kernels.sampling import race, sample_rows
 from vegas_core.kernels.sparse_attention import INVARIANT_SPLITS, sparse_attention
 from vegas_core.kernels.verify_attention import batch_invariant_launch, invariant_piece_rows
-from vegas_core.options import InvariantConfig
+from vegas_core.options import MEASURED_INVARIANT, InvariantConfig
 from vegas_core.random_streams import DRAFT, TOKEN, stream_key
 
 BF16 = torch.bfloat16
@@ -85,7 +85,10 @@ def _covering_configs() -> list[InvariantConfig]:
         for i in range(max(len(v) for _, v in axes))]
 
 
+# SmolLM2's measured launch (`options.MEASURED_INVARIANT`, what a deterministic engine of its shape runs).
+MEASURED = _interpreter_scale(resolved(InvariantConfig(**MEASURED_INVARIANT[HEADS, KV_HEADS, 64][1]), DIM, GROUP))
 LAUNCHES = {"engine": (batch_invariant_launch(DIM, GROUP), InvariantConfig()),
+            "measured smollm2": (batch_invariant_launch(DIM, GROUP, MEASURED), MEASURED),
             **{f"bench candidates {i}": (batch_invariant_launch(DIM, GROUP, c), c)
                for i, c in enumerate(_covering_configs())}}
 
