@@ -209,22 +209,24 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------------------
     def add(self, prompt: str | list[int], sampling: SamplingParams | None = None,
-            spec: SpecParams | None = None, chat: bool = False) -> Request:
+            spec: SpecParams | None = None, chat: bool = False, trace: bool | None = None) -> Request:
+        """Queue a request; `trace`: record its iterations (None: `EngineOptions.trace`)."""
         ids = self.encode_prompt(prompt, chat)
         with self._lock:
-            return self._add_ids(ids, sampling, spec)
+            return self._add_ids(ids, sampling, spec, trace)
 
-    def _add_ids(self, ids: list[int], sampling: SamplingParams | None, spec: SpecParams | None) -> Request:
-        req = self.core.add_request(ids, sampling or SamplingParams(), spec)
+    def _add_ids(self, ids: list[int], sampling: SamplingParams | None, spec: SpecParams | None,
+                 trace: bool | None = None) -> Request:
+        req = self.core.add_request(ids, sampling or SamplingParams(), spec, trace)
         self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
         return req
 
     def fork(self, parent: Request, sampling: SamplingParams | None = None,
-             spec: SpecParams | None = None) -> Request:
+             spec: SpecParams | None = None, trace: bool | None = None) -> Request:
         """A request with `parent`'s prompt whose KV cache starts as a copy of the parent's
         (`EngineCore.fork`): comparing settings on one prompt pays for its prefill once."""
         with self._lock:
-            req = self.core.fork(parent, sampling or SamplingParams(), spec)
+            req = self.core.fork(parent, sampling or SamplingParams(), spec, trace)
             self._trackers[req.request_id] = _Tracker(req, self.tokenizer)
             return req
 

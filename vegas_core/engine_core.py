@@ -103,11 +103,13 @@ class EngineCore:
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, prompt_ids: list[int], sampling: SamplingParams | None = None,
-                    spec: SpecParams | None = None) -> Request:
+                    spec: SpecParams | None = None, trace: bool | None = None) -> Request:
+        """`trace`: record this request's iterations (None: `EngineOptions.trace`). An untraced
+        request in a traced batch costs nothing of the recording (a load test through the app)."""
         sampling = sampling or SamplingParams()
         spec = spec or self.spec
         self._validate(prompt_ids, sampling, spec)
-        req = Request(list(prompt_ids), sampling, spec)
+        req = Request(list(prompt_ids), sampling, spec, trace=self.options.trace if trace is None else bool(trace))
         req.rng_key = stream_key(sampling.seed)
         self.requests[req.request_id] = req
         self.scheduler.add(req)
@@ -135,12 +137,12 @@ class EngineCore:
                 f"request needs up to {need} KV slots but the whole KV pool holds {slots}")
 
     def fork(self, parent: Request, sampling: SamplingParams | None = None,
-             spec: SpecParams | None = None) -> Request:
+             spec: SpecParams | None = None, trace: bool | None = None) -> Request:
         """A new request with the parent's prompt whose KV cache starts as a copy of the parent's
         prefilled prompt, so comparing methods on one long prompt pays for its prefill once."""
         if parent.output_ids or parent.needs_prefill or parent.finished:
             raise InvalidRequestError("fork needs a parent whose prompt is prefilled and that has not generated yet")
-        child = self.add_request(parent.prompt_ids, sampling, spec)
+        child = self.add_request(parent.prompt_ids, sampling, spec, trace)
         n = parent.num_cached
         if not self.allocator.can_ensure(child.request_id, n):
             return child  # no room to copy: the child prefills normally when pages free up
@@ -221,6 +223,7 @@ class EngineCore:
     def _decode(self, reqs: list[Request]) -> list[StepOutput]:
         """One iteration of the batch: draft -> verify -> accept -> select, then emit."""
         wall_start = time.perf_counter()
+        traced = any(r.trace for r in reqs)
         clock, times = self.clock, PhaseTimes(self.clock)
         self.overlap.begin_iteration()
         bases = [r.num_cached for r in reqs]              # each verification starts here
@@ -235,22 +238,21 @@ class EngineCore:
             times.add("verify", self.overlap.pop_marks() or (m_draft, clock.mark()))
         else:
             entries, logits, collector = self._verify(reqs, drafts)                  # 2. verify
-            acceptance = launch_acceptance(reqs, entries, drafts, logits, self.runner.kernels,
-                                           self.options.trace)
+            acceptance = launch_acceptance(reqs, entries, drafts, logits, self.runner.kernels, traced)
             times.add("verify", (m_draft, clock.mark()))
             # Selections that do not depend on what is accepted are launched before the host
             # waits for the acceptance, so the GPU selects while the host accepts.
-            self._select(reqs, entries, bases, collector, times)                     # 4. select
+            self._select(reqs, entries, bases, collector, times, traced)             # 4. select
             self.overlap.launch_early(reqs, drafts, acceptance)
             results = acceptance.read()                                               # 3. accept
-            self._select(reqs, entries, bases, collector, times, results)             # 4'. (SpecExtend)
+            self._select(reqs, entries, bases, collector, times, traced, results)    # 4'. (SpecExtend)
         for req, res, base in zip(reqs, results, bases):
             # The pending token and every kept one but the last are now cached: accepted drafts,
             # or the plain steps a chained decode ran. Rejected drafts' entries are dropped below.
             req.num_cached = base + len(res.tokens)
         outputs = [self._emit(req, res, drafts.of(req)) for req, res in zip(reqs, results)]
         timings = self._end_iteration(reqs, outputs, times, wall_start)
-        if self.options.trace:
+        if traced:
             self._trace(outputs, results, bases, old_selections, drafts, timings)
         wall = time.perf_counter() - wall_start
         for out in outputs:
@@ -307,7 +309,7 @@ class EngineCore:
         logits = self.runner.forward(entries, self.allocator, collector, graph=True)
         return entries, logits, collector
 
-    def _select(self, reqs, entries, bases, collector: LogitCollector, times: PhaseTimes,
+    def _select(self, reqs, entries, bases, collector: LogitCollector, times: PhaseTimes, traced: bool,
                 results: list[RejectionResult] | None = None) -> None:
         """The next draft phase's selections: with `results` None for the proposers that do not
         need the accepted count, with the results for those that do. Batched on the kernel path
@@ -323,7 +325,7 @@ class EngineCore:
             items = [SelectItem(i, reqs[i], bases[i], accepted[i], entries[i].collect_rows) for i in todo]
             new = select_batch(items, collector, self.config.num_layers, self.config.num_kv_heads,
                                self.device, self.runner.page_bounds, self.allocator.block_table,
-                               trace=self.options.trace)
+                               trace=traced)
             for i in todo:
                 reqs[i].selection = new[reqs[i].request_id]
         else:
@@ -358,6 +360,9 @@ class EngineCore:
         running): from the results, the drafts and sets already on the host, and the timings of
         the batched step. A chained decode records each plain step, as one step at a time would."""
         layers = self.config.num_layers
+        keep = [i for i, o in enumerate(outputs) if o.request.trace]      # untraced requests: nothing
+        outputs, results = [outputs[i] for i in keep], [results[i] for i in keep]
+        bases, selections = [bases[i] for i in keep], [selections[i] for i in keep]
         # The sets each request drafted with, and those chosen for its next drafts (Quest chooses
         # while drafting): encoded in one call for the whole batch (made once per view).
         attended = [old if drafts.of(o.request) else None for o, old in zip(outputs, selections)]

@@ -35,7 +35,9 @@ class Request:
     # Speculation state: the selected sets for the next draft phase (None until the first verification).
     selection: Any = None
     policy_cache: dict = field(default_factory=dict)  # e.g. quest page bounds, reset on preemption
-    # Trace records (dicts in the trace schema's Iteration shape) when tracing is on.
+    # Trace records (dicts in the trace schema's Iteration shape) when this request is traced
+    # (`trace`, from `EngineOptions.trace` unless its add asked otherwise).
+    trace: bool = False
     iterations: list[dict] = field(default_factory=list)
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0

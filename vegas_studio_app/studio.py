@@ -167,7 +167,7 @@ class Studio:
                 raise VegasError("started with --no-model")
             check_prompt(prompt)
             sampling, spec = build_params(method, 4, 0.07, 16, "layer", False, temperature, 1.0, -1, None, max_tokens)
-            handle = self.worker.submit(prompt, sampling, spec, chat=bool(chat))
+            handle = self.worker.submit(prompt, sampling, spec, chat=bool(chat), trace=False)
         except (VegasError, TimeoutError) as e:
             yield {"finished": True, "error": str(e)}
             return

@@ -201,11 +201,13 @@ class EngineWorker:
                 f"{attention}), loaded in {self.load_time_s:.1f} s{warmed}")
 
     def submit(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool = True,
-               timeout: float = 60.0) -> Handle:
+               timeout: float = 60.0, trace: bool = True) -> Handle:
+        """Queue a request; `trace`: record its iterations for the views (an API stream needs none,
+        and at a large batch recording every layer's selections costs host time each iteration)."""
         if self.state != "ready":
             raise EngineNotReady(self.status_line())
         fut: Future = Future()
-        self._commands.put(("submit", (prompt, sampling, spec, chat), fut))
+        self._commands.put(("submit", (prompt, sampling, spec, chat, trace), fut))
         return fut.result(timeout)
 
     def sweep(self, grid, spec, progress, stop: threading.Event) -> Future:
@@ -364,8 +366,8 @@ class EngineWorker:
             else:
                 fut.set_result(None)
 
-    def _add(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool) -> Handle:
-        req = self.engine.add(prompt, sampling, spec, chat=chat)
+    def _add(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool, trace: bool) -> Handle:
+        req = self.engine.add(prompt, sampling, spec, chat=chat, trace=trace)
         h = Handle(req.request_id, prompt, list(req.prompt_ids), sampling, spec, self,
                    prompt_texts={t: self._text(t) for t in set(req.prompt_ids)})
         self._handles[req.request_id] = h
@@ -428,8 +430,9 @@ class EngineWorker:
             result = self.engine.result(req)
             if abort or result.finish_reason is None:
                 result.finish_reason = reason if reason in ("stop", "length", "abort", "error") else "abort"
-            trace = build_trace(self.engine, [result], h.spec, h.sampling, prompt_texts=[h.prompt_text],
-                                decode_time_s=result.decode_time_s)
+            if req.trace:
+                trace = build_trace(self.engine, [result], h.spec, h.sampling, prompt_texts=[h.prompt_text],
+                                    decode_time_s=result.decode_time_s)
         except Exception as e:
             error = error or f"could not build the run's trace ({type(e).__name__}: {e})"
         finally:

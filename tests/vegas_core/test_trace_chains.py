@@ -119,6 +119,26 @@ def test_traced_chains_record_what_one_step_at_a_time_records(tiny, case):
         assert draws and all(0.0 <= u < 1.0 for d in draws for u in d)
 
 
+@pytest.mark.parametrize("case", ["vegas", "sampled"])
+def test_an_untraced_request_in_a_traced_batch_records_nothing_and_changes_nothing(tiny, case):
+    """Tracing is per request (`add_request(trace=...)`, default `EngineOptions.trace`): in a
+    traced engine a request added untraced gets no records or extras, its traced neighbour the
+    same records as in an all-traced batch, and every token is the same."""
+    batch = CASES[case]
+    tokens, records, extras = _run(_core(tiny, trace=True), batch)
+    core = _core(tiny, trace=True)
+    reqs = [core.add_request(p, sa, sp, trace=i == 0) for i, (p, (sp, sa)) in enumerate(zip(_prompts(), batch))]
+    seen = {r.request_id: [] for r in reqs}
+    while core.has_work:
+        for out in core.step():
+            seen[out.request.request_id].append((out.iterations, out.selected, out.accept_draws))
+    assert [r.trace for r in reqs] == [True, False]
+    assert [r.output_ids for r in reqs] == tokens
+    assert [{k: v for k, v in it.items() if k not in STEP_FIELDS} for it in reqs[0].iterations] == records[0]
+    assert reqs[1].iterations == [] and all(e == ([], None, None) for e in seen[reqs[1].request_id])
+    assert _core(tiny).add_request(_prompts()[0], GREEDY, trace=True).trace
+
+
 def test_a_chained_decode_streams_one_event_per_step_and_stops_inside_the_chain(tiny):
     """The front end gives one event (and record) per plain step of a traced chain, as one step at
     a time does; a stop string inside the chain ends the output, the trace and the events there,

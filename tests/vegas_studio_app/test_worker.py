@@ -113,6 +113,18 @@ def test_an_engine_failure_fails_the_request_not_the_worker(worker, monkeypatch)
     assert _drain(h2)[-1].finish_reason == "length"
 
 
+def test_an_untraced_request_streams_its_tokens_without_records_or_trace(worker):
+    """What the API's stream_tokens submits (`trace=False`): the same tokens as a traced run of the
+    same prompt, events without iteration records, no trace at the end."""
+    sampling, spec = SamplingParams(max_tokens=10, ignore_eos=True), SpecParams(method="vegas", gamma=3, min_budget=2)
+    *traced_events, traced = _drain(worker.submit("the cat sat on", sampling, spec, chat=False))
+    *events, final = _drain(worker.submit("the cat sat on", sampling, spec, chat=False, trace=False))
+    assert final.error is None and final.trace is None and traced.trace is not None
+    assert [t for e in events for t in e.new_token_ids] == final.result.token_ids == traced.result.token_ids
+    assert all(e.iteration is None for e in events) and any(e.iteration for e in traced_events)
+    assert _pool_is_free(worker)
+
+
 def _queued(handle) -> list:
     out = []
     while True:

@@ -246,7 +246,7 @@ def prefill_parents(engine, workload: Workload, on_step=None) -> list:
 
 
 def run_workload(engine, workload: Workload, sampling, spec, progress=None, parents=None,
-                 compiles=None) -> RunStats:
+                 compiles=None, trace: bool | None = None) -> RunStats:
     """Run every request of the workload to completion, forked from `parents` when given (see
     `prefill_parents`; requests the pool has no room to copy for prefill when they are admitted);
     the stable decode rate (see the module docstring) and the phase times per iteration, over the
@@ -254,13 +254,14 @@ def run_workload(engine, workload: Workload, sampling, spec, progress=None, pare
     the warm-up, was timed across the capture or compile, so its draft time could read three
     times the iteration's: bench/NOTES.md, bench.e2e.run_workload). `compiles`: a callable giving
     the number of Triton compiles so far (`common.TritonCompiles`); a step that moves it is left
-    out like a graph capture."""
+    out like a graph capture. `trace`: whether the requests record their iterations (None: the
+    engine's `EngineOptions.trace`)."""
     core = engine.core
     graphs = core.runner.graphs
     if parents is None:
-        reqs = [engine.add(p, sampling, spec) for p in workload.prompts]
+        reqs = [engine.add(p, sampling, spec, trace=trace) for p in workload.prompts]
     else:
-        reqs = [engine.fork(parents[i % len(parents)], sampling, spec) for i in range(len(workload.prompts))]
+        reqs = [engine.fork(parents[i % len(parents)], sampling, spec, trace) for i in range(len(workload.prompts))]
     full_s = all_s = 0.0
     full_tok = all_tok = full_steps = decode_steps = warmup_steps = 0
     full_ph, all_ph = dict.fromkeys(PHASES, 0.0), dict.fromkeys(PHASES, 0.0)

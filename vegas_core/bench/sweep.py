@@ -7,7 +7,8 @@ real text (`texts.long_text`) in the model's chat template after `e2e`'s long-in
 (`e2e.run_workload`: full-batch decode steps only; prefill, graph captures and Triton compiles left
 out) and so is each cell's bandwidth bound (`e2e.bandwidth_bound`, at the copy rate measured once
 at the start). A cell's prompts are prefilled once and forked for each method when the engine has
-room for twice the batch, else each method prefills its own (untimed either way).
+room for twice the batch, else each method prefills its own (untimed either way). Its requests record
+no trace whatever the engine's default (the app's engine traces its page's runs).
 
 Contract:
 - `run_sweep(engine, grid, spec, ...)` returns the sweep document (plain JSON): `date` (local time),
@@ -145,7 +146,7 @@ def _header(engine, grid: Grid, spec, copy_tbps: float) -> dict:
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         device=common.device_description(engine.device), device_tag=common.device_tag(engine.device),
         model=engine.config.name or engine.source, dtype=str(engine.dtype).replace("torch.", ""),
-        mode=engine.mode, traced=engine.core.options.trace,
+        mode=engine.mode, traced=False,     # its requests record no trace, whatever the engine's default
         grid=dict(batches=list(grid.batches), contexts=list(grid.contexts), gen_tokens=grid.gen_tokens),
         methods=list(METHODS), sampling="greedy",
         settings=dict(gamma=spec.gamma, sparsity=spec.sparsity, min_budget=spec.min_budget,
@@ -221,8 +222,10 @@ class _Sweep:
         try:
             for method in METHODS:
                 self.progress.method = method
+                # Untraced: the sweep measures the engine, and recording every layer's selections
+                # for 64 requests would cost more host time an iteration than the GPU work.
                 stats = e2e.run_workload(engine, workload, self.sampling, self.specs[method], parents=parents,
-                                         **run_args)
+                                         trace=False, **run_args)
                 record["methods"] = {**record["methods"], method: _method_record(self.specs[method], stats, record)}
         finally:
             for p in parents or ():
@@ -257,7 +260,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args, argv: list[str]) -> str:
-    """An engine built as the app builds its own (tracing, `MAX_BATCH` requests at once, the KV
+    """An engine built as the app builds its own (tracing by default, `MAX_BATCH` requests at once, the KV
     pool from free memory; `--deterministic` for the app's default batch-invariant kernels), so
     the file's numbers are the ones the app's live sweep shows."""
     from ..engine import Engine, resolve_device

@@ -42,9 +42,16 @@ def test_every_cell_that_fits_is_measured_and_the_others_are_refused_with_the_re
     # (18) only for itself, batch 2 x 160 (26) not at all; batch 8 is more than 4 requests at once.
     engine = _engine(tiny, num_blocks=20, max_num_seqs=4)
     assert pages_per_request(96, 16) == 9 and pages_per_request(160, 16) == 13
-    progress, seen = SweepProgress(), set()
+    progress, seen, traced = SweepProgress(), set(), []
+    decode = engine.core._decode
+
+    def spy(reqs):                  # the engine traces by default (the app's); the sweep's requests don't
+        traced.extend(r.trace for r in reqs)
+        return decode(reqs)
+    engine.core._decode = spy
     doc = run_sweep(engine, Grid((1, 2, 8), (96, 160, 1024), 4), SPEC, progress,
                     between_steps=lambda: seen.add((progress.cell, progress.method)))
+    assert engine.core.options.trace and traced and not any(traced)
     cells = {(r["batch"], r["context"]): r for r in doc["records"]}
     assert list(cells) == [(1, 96), (2, 96), (8, 96), (1, 160), (2, 160), (8, 160), (1, 1024), (2, 1024),
                            (8, 1024)]
@@ -64,7 +71,7 @@ def test_every_cell_that_fits_is_measured_and_the_others_are_refused_with_the_re
             assert m["of_bound"] == pytest.approx(m["tokens_per_s"] / r["bound"]["tokens_per_s"])
         assert r["methods"]["vegas"]["gamma"] == 3 and r["methods"]["vanilla"]["gamma"] is None
     assert doc["complete"] and not doc["stopped"] and doc["settings"]["sparsity"] == 0.3
-    assert doc["device_tag"] == "cpu" and doc["mode"] == "reference" and doc["traced"] is True
+    assert doc["device_tag"] == "cpu" and doc["mode"] == "reference" and doc["traced"] is False
     # Progress named every measured cell and method; the tokens add up; the engine is idle again.
     assert {(c, m) for c in (1, 2, 4) for m in METHODS} <= seen
     assert progress.done and progress.tokens == progress.total_tokens == 3 * 4 * (1 + 2 + 1)
