@@ -125,6 +125,21 @@ def test_an_untraced_request_streams_its_tokens_without_records_or_trace(worker)
     assert _pool_is_free(worker)
 
 
+def test_the_heap_is_frozen_while_serving_and_a_stopped_engine_can_be_collected(tmp_path):
+    """After its load the worker takes the heap out of the collector's generations (a full collection
+    of the app's heap stopped engine steps at random); when its thread ends the heap is unfrozen, so
+    the engine, cycles and all, is freed."""
+    import gc
+    import weakref
+    path, _ = build_tiny_hf_model(tmp_path, "llama")
+    w = EngineWorker(path, "cpu", max_num_seqs=2).start()
+    assert w.wait_ready(120), w.error
+    assert gc.get_freeze_count() > 0
+    engine = weakref.ref(w.engine)
+    w.release()
+    assert gc.get_freeze_count() == 0 and engine() is None
+
+
 def _queued(handle) -> list:
     out = []
     while True:
