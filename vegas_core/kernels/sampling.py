@@ -384,18 +384,26 @@ def _launch(logits, params, keys, positions, tag, probs, tokens, block, ways, nu
         N_C_OUT=n_c is not None, INTERPRET=bool(triton.knobs.runtime.interpret), num_warps=num_warps)
 
 
+# The engine's top-k path. The candidate path passes the interpreter's tests, compiles for sm_90 and
+# ran in `bench sampling` on an H100 without error, but its GPU results were not yet compared with
+# the reference (the run was cut off): until they are, the engine keeps the full-row search it ran
+# on GPUs before (bench/NOTES.md version 61).
+TOPK_CANDIDATES = False
+
+
 def sample_rows(logits, params, keys, positions, tag: int, sample: bool = True,
                 block: int | None = None, ways: int = 4, num_warps: int = 8,
-                topk_candidates: bool = True, candidates: torch.Tensor | None = None):
+                topk_candidates: bool | None = None, candidates: torch.Tensor | None = None):
     """Triton version of `sample_rows_reference` (see the module docstring): (probs, tokens),
     tokens None without ``sample``. ``block`` columns per tile of a pass (default 4096, or the
     vocabulary rounded up to a power of two when smaller; the searches take tiles of at most
     1024), ``ways`` candidate keys per search pass (a power of two). The defaults are the fastest
     measured on the H200 (bench/results/sampling-2026-12-02-h200*.json).
-    ``topk_candidates`` False: every top-k row searches over the whole row (the kernel before
-    bench/NOTES.md version 61, kept for the bench's before/after). ``candidates``: an int32 [N]
+    ``topk_candidates``: top-k over the compacted candidates (True) or a search over the whole
+    row (False, the kernel before bench/NOTES.md version 61); None: `TOPK_CANDIDATES`. ``candidates``: an int32 [N]
     tensor that receives each row's compacted candidate count (0: none), for tests and the
     bench. No host read: safe in a CUDA graph."""
+    topk_candidates = TOPK_CANDIDATES if topk_candidates is None else topk_candidates
     logits = logits.float()
     logits = logits if logits.stride(1) == 1 else logits.contiguous()
     probs = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
