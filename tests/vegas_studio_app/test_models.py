@@ -82,4 +82,4 @@ def test_a_new_worker_frees_the_old_engine_before_loading(tmp_path):
     new._factory = factory
     new.start()
     assert new.wait_ready(30) and loads == [None] and not old._thread.is_alive()
-    new.shutdown()
+    new.release()

@@ -15,7 +15,7 @@ def studio(tmp_path_factory):
     worker = EngineWorker(path, "cpu", max_num_seqs=4).start()
     assert worker.wait_ready(120), worker.error
     yield Studio(worker)
-    worker.shutdown()
+    worker.release()
 
 
 def _final(studio, prompt: str, max_tokens: int) -> dict:

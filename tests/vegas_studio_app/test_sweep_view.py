@@ -3,6 +3,7 @@
 runs and a sweep refused while requests are on the engine, Stop, export, and the page's wiring."""
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -31,7 +32,7 @@ def worker(tmp_path_factory):
     w = EngineWorker(path, "cpu", max_num_seqs=8).start()
     assert w.wait_ready(120), w.error
     yield w
-    w.shutdown()
+    w.release()
 
 
 @pytest.fixture
@@ -90,6 +91,7 @@ def test_no_request_shares_the_engine_with_a_sweep(studio, worker):
     stop.set()
     doc = future.result(60)
     assert doc["stopped"] and _pool_is_free(worker)
+    assert gc.get_freeze_count() > 0        # the sweep's measurement left the app's heap frozen
 
 
 def test_stop_ends_the_running_sweep_and_it_is_not_cached(studio, worker, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ def worker(tmp_path_factory):
     w = EngineWorker(path, "cpu", max_num_seqs=8).start()
     assert w.wait_ready(120), w.error
     yield w
-    w.shutdown()
+    w.release()
 
 
 def _drain(handle, timeout=120):

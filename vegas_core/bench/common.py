@@ -43,13 +43,17 @@ def frozen_heap():
     millions of objects), so a full collection in the middle of a step no longer walks them (one
     stopped a step for 162 ms, bench/NOTES.md version 21). Undone on exit (`gc.unfreeze`), so
     objects that die later, cycles included, are collected again: a freeze inside the engine
-    kept every engine of a test process alive for good."""
+    kept every engine of a test process alive for good. Where the heap is frozen already (the app's
+    worker, whose live sweep measures through here) it stays frozen: `gc.unfreeze` has no undo of
+    one freeze alone, and unfreezing would hand the app's whole heap back to the collector."""
+    was_frozen = gc.get_freeze_count() > 0
     gc.collect()
     gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        if not was_frozen:
+            gc.unfreeze()
 
 
 class TritonCompiles:
