@@ -54,6 +54,7 @@ def stamp(fig: go.Figure, settings: str | None, provenance: str | None) -> go.Fi
     margin grows with the subtitle's lines so they never reach the plot area."""
     title = fig.layout.title.text or ""
     sub = "<br>".join(wrap(x, 110) for x in (settings, provenance) if x)
+    lines = sub.count("<br>") + 1 if sub else 0
     meta = dict(fig.layout.meta or {})
     meta.update(provenance=provenance, settings=settings)
     fig.update_layout(
@@ -62,6 +63,6 @@ def stamp(fig: go.Figure, settings: str | None, provenance: str | None) -> go.Fi
         font=dict(size=TICK_PX), meta=meta,
         # At the right, top-aligned: never over the two-line subtitle, however many runs it lists.
         legend=dict(orientation="v", yanchor="top", y=1.0, xanchor="left", x=1.01, font=dict(size=TICK_PX)),
-        margin=dict(t=max(120, 64 + 19 * sub.count("<br>") + 19, fig.layout.margin.t or 0), l=max(60, fig.layout.margin.l or 0),
+        margin=dict(t=max(120, 64 + 19 * lines, fig.layout.margin.t or 0), l=max(60, fig.layout.margin.l or 0),
                     r=max(30, fig.layout.margin.r or 0), b=max(55, fig.layout.margin.b or 0)))
     return fig

@@ -36,6 +36,9 @@ from ..spec import SpecParams
 from . import common, e2e, texts
 
 METHODS = ("vanilla", "stream", "vegas")
+# The sweep measures the engine: its requests record no trace (recording every layer's selections for
+# 64 requests costs more host time an iteration than the GPU work), whatever the engine's default.
+TRACE = False
 INSTRUCTION = e2e.INSTRUCTIONS["long-input"]
 
 
@@ -146,7 +149,7 @@ def _header(engine, grid: Grid, spec, copy_tbps: float) -> dict:
         date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         device=common.device_description(engine.device), device_tag=common.device_tag(engine.device),
         model=engine.config.name or engine.source, dtype=str(engine.dtype).replace("torch.", ""),
-        mode=engine.mode, traced=False,     # its requests record no trace, whatever the engine's default
+        mode=engine.mode, traced=TRACE,
         grid=dict(batches=list(grid.batches), contexts=list(grid.contexts), gen_tokens=grid.gen_tokens),
         methods=list(METHODS), sampling="greedy",
         settings=dict(gamma=spec.gamma, sparsity=spec.sparsity, min_budget=spec.min_budget,
@@ -222,10 +225,8 @@ class _Sweep:
         try:
             for method in METHODS:
                 self.progress.method = method
-                # Untraced: the sweep measures the engine, and recording every layer's selections
-                # for 64 requests would cost more host time an iteration than the GPU work.
                 stats = e2e.run_workload(engine, workload, self.sampling, self.specs[method], parents=parents,
-                                         trace=False, **run_args)
+                                         trace=TRACE, **run_args)
                 record["methods"] = {**record["methods"], method: _method_record(self.specs[method], stats, record)}
         finally:
             for p in parents or ():
