@@ -32,7 +32,7 @@ def stream_job(job, poll_s: float = 0.002) -> Iterator:
 def stream_tokens(client, prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
                   temperature: float = 0.0) -> Iterator[dict]:
     """The app's `stream_tokens` endpoint: a dict per message ({seq, token_ids, text, events: the
-    engine events it carries, t_engine, t_sent}), then the final dict ({finished, finish_reason, all_token_ids, all_text} or {error}).
+    engine events it carries, t_accepted, t_engine, t_sent}), then the final dict ({finished, finish_reason, all_token_ids, all_text} or {error}).
     Leaving the loop early cancels the request, which frees its place in the engine."""
     job = client.submit(prompt, method, max_tokens, chat, temperature, api_name="/stream_tokens")
     try:

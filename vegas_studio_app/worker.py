@@ -82,6 +82,7 @@ class Handle:
     last_poll: float = field(default_factory=time.monotonic)
     done: bool = False
     iterations_sent: int = 0               # events carrying an iteration record put on `events`
+    t_accepted: float = 0.0                # wall clock when the engine thread added the request
 
     def get(self, timeout: float = 0.5) -> LiveEvent | None:
         """Next event, or None after `timeout` (the call also tells the worker someone still reads)."""
@@ -380,7 +381,7 @@ class EngineWorker:
     def _add(self, prompt: str, sampling: SamplingParams, spec: SpecParams, chat: bool, trace: bool) -> Handle:
         req = self.engine.add(prompt, sampling, spec, chat=chat, trace=trace)
         h = Handle(req.request_id, prompt, list(req.prompt_ids), sampling, spec, self,
-                   prompt_texts={t: self._text(t) for t in set(req.prompt_ids)})
+                   prompt_texts={t: self._text(t) for t in set(req.prompt_ids)}, t_accepted=time.time())
         self._handles[req.request_id] = h
         self._requests[req.request_id] = req
         self.peak_active = max(self.peak_active, len(self._handles))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..kv_cache import KVPool
 from .metadata import AttentionMetadata, SeqAttention
@@ -36,6 +37,33 @@ def window_mask(rows: int, ctx: int, window: int, device) -> torch.Tensor:
     c = torch.arange(ctx, device=device)[None, :]
     pos = ctx - rows + r
     return (c > pos) | (c <= pos - window)
+
+
+# On a GPU torch may send a masked call to cuDNN, which builds an execution plan for every new
+# (rows, keys) shape: 20-150 ms of host time, paid at random by prefill chunks whose lengths follow
+# request arrivals (bench/NOTES.md version 66). Flash, memory-efficient and math kernels need no plan.
+GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+           scale: float | None = None, gqa: bool = True) -> torch.Tensor:
+    """`F.scaled_dot_product_attention` over [..., heads, rows, d] (`gqa`: query head h reads KV
+    head h // (heads // kv_heads)); on a GPU never through cuDNN (`attend_gpu`)."""
+    if q.is_cuda:
+        return attend_gpu(q, k, v, mask, scale, gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+
+
+def attend_gpu(q, k, v, mask=None, scale=None, gqa: bool = True) -> torch.Tensor:
+    """`attend` on `GPU_SDPA_BACKENDS`. The memory-efficient kernel, the one that takes a mask,
+    does not group query heads, so a masked grouped call gets its KV heads repeated first (else
+    it would fall to the math kernel, which materialises every score)."""
+    if mask is not None and gqa and k.shape[-3] != q.shape[-3]:
+        group = q.shape[-3] // k.shape[-3]
+        k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+    with sdpa_kernel(GPU_SDPA_BACKENDS):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                              enable_gqa=gqa and k.shape[-3] != q.shape[-3])
 
 
 def weighted_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -103,9 +131,8 @@ class ReferenceBackend:
         lo = max(0, ctx - rows - window + 1)
         slots = seq.key_slots[lo:]
         mask = ~window_mask(rows, ctx, window, q.device)[:, lo:]
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], kf[slots].transpose(0, 1)[None],
-                                           vf[slots].transpose(0, 1)[None], attn_mask=mask,
-                                           scale=self.scale, enable_gqa=True)
+        o = attend(q.transpose(0, 1)[None], kf[slots].transpose(0, 1)[None], vf[slots].transpose(0, 1)[None],
+                   mask, self.scale)
         return o[0].transpose(0, 1)
 
     def _decode_batch(self, q, kf, vf, batch, window: int | None = None):
@@ -125,8 +152,7 @@ class ReferenceBackend:
         keys = kf[slots].transpose(1, 2)                              # [B, KVH, L, d]
         values = vf[slots].transpose(1, 2)
         qg = q.view(b, kvh, heads // kvh, d)                           # [B, KVH, G, d]
-        o = F.scaled_dot_product_attention(qg, keys, values, attn_mask=valid[:, None, None, :],
-                                           scale=self.scale)
+        o = attend(qg, keys, values, valid[:, None, None, :], self.scale, gqa=False)
         return o.reshape(b, heads, d)
 
     def _sdpa(self, q, keys, values, causal: bool = True):
@@ -134,9 +160,8 @@ class ReferenceBackend:
         q [rows, H, d], keys/values [ctx, KVH, d]; causal: row r sees keys up to ctx - rows + r."""
         rows, ctx = q.shape[0], keys.shape[0]
         mask = None if rows == 1 or not causal else ~causal_mask(rows, ctx, q.device)
-        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
-                                           values.transpose(0, 1)[None], attn_mask=mask,
-                                           scale=self.scale, enable_gqa=True)
+        o = attend(q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+                   mask, self.scale)
         return o[0].transpose(0, 1)
 
     def _sparse(self, layer, q, kf, vf, seq: SeqAttention):
@@ -157,7 +182,7 @@ class ReferenceBackend:
             keys, values = kf[slots, heads], vf[slots, heads]        # [KVH, m, d]
             rows, nh, d = q.shape
             qg = q.reshape(rows, kvh, nh // kvh, d).permute(1, 0, 2, 3).reshape(kvh, -1, d)
-            o = F.scaled_dot_product_attention(qg, keys, values, scale=self.scale)
+            o = attend(qg, keys, values, scale=self.scale, gqa=False)
             out = o.view(kvh, rows, nh // kvh, d).permute(1, 0, 2, 3).reshape(rows, nh, d)
         if view.wants_recall:
             view.record_recall(layer, self._recall(q, kf, seq, pos))

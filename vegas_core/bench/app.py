@@ -10,7 +10,8 @@ are); and, as a script that reuses one `Client` does, a second request right aft
 same `Client` ("shared"). The clients of the many-client phase connect first and submit together
 (users open the page before they press Generate). Per client: tokens/s over the decode (the tokens
 after the first token event over the time since it), time to first token (from the submit;
-`engine_ttft_s`: until the engine thread emitted it), and the largest gap between events, with
+`engine_ttft_s`: until the engine thread emitted it; `accept_s`: until the engine thread took the
+request in), and the largest gap between events, with
 where each event was on the server (`t_engine`: the engine thread emitted it, `t_sent`: the API
 yielded it) so a gap can be placed: engine, hand-over, or transport.
 Clients together: all their tokens over the time from the submits to the last token. Each kind is
@@ -226,10 +227,11 @@ class AppServer:
             start.wait()
         t0 = time.time()
         job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
-        events = []
+        events, accepted = [], None
         for out in stream_job(job):
             if not out.get("finished"):
                 events.append((time.time(), len(out["token_ids"]), out.get("t_engine"), out.get("t_sent")))
+                accepted = out.get("t_accepted")
         final = job.result()
         if final.get("error"):
             raise RuntimeError(f"{method}: {final['error']}")
@@ -241,6 +243,7 @@ class AppServer:
                     t_submit=t0, t_last=arrivals[-1] if arrivals else None,
                     ttft_s=arrivals[0] - t0 if arrivals else None, max_gap_s=max(gaps, default=None),
                     engine_ttft_s=events[0][2] - t0 if events and events[0][2] else None,
+                    accept_s=accepted - t0 if accepted else None,
                     first_to_last_s=arrivals[-1] - arrivals[0] if arrivals else None,
                     max_engine_gap_s=max(engine_gaps, default=None),
                     max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
@@ -321,6 +324,7 @@ class AppServer:
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
                     per_client_ttft_s=[r["ttft_s"] for r in results],
                     per_client_engine_ttft_s=[r["engine_ttft_s"] for r in results],
+                    per_client_accept_s=[r["accept_s"] for r in results],
                     ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
 
 
