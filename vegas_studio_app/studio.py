@@ -162,6 +162,7 @@ class Studio:
         events}: the engine events ready since the last message, usually one), then a final dict with
         the whole output ({finished, finish_reason, all_token_ids, all_text}); a refused request
         yields one dict with `error`."""
+        t_api = time.time()       # the handler started: Gradio's queue has handed the request over
         try:
             if self.worker is None:
                 raise VegasError("started with --no-model")
@@ -187,11 +188,11 @@ class Studio:
                 ready = [ev, *handle.ready()]
                 tokens = [e for e in ready if not e.finished]
                 if tokens:
-                    # Server times (wall clock) place any delay: submit -> the engine accepted it ->
-                    # the engine thread emitted -> this handler sent -> client.
+                    # Server times (wall clock) place any delay: client submit -> this handler started
+                    # -> the engine accepted it -> the engine thread emitted -> this handler sent -> client.
                     yield {"seq": seq, "token_ids": [t for e in tokens for t in e.new_token_ids],
                            "text": "".join(e.text_delta for e in tokens), "finished": False,
-                           "events": len(tokens), "t_accepted": handle.t_accepted, "t_engine": tokens[0].t,
+                           "events": len(tokens), "t_api": t_api, "t_accepted": handle.t_accepted, "t_engine": tokens[0].t,
                            "t_sent": time.time()}
                     seq += 1
                 end = ready[-1]

@@ -9,8 +9,6 @@ concatenated, equal the final output), and the KV pool must be all free afterwar
 from __future__ import annotations
 
 import time
-import json
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -120,32 +118,11 @@ def test_a_client_that_cancels_frees_its_request(app_server):
 
 
 def _page_protocol_events(app_server, prompt: str, max_tokens: int) -> list[tuple[float, dict]]:
-    """What the page does: POST /queue/join, then read the session's /queue/data event stream.
-    After the first, each message carries a diff against the one before, as the page applies it.
-    Returns (arrival wall time, event) per token event."""
-    import httpx
-    from gradio_client.utils import apply_diff
-    base = app_server.url + "gradio_api/"
-    config = httpx.get(app_server.url + "config").json()
-    fn = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stream_tokens")
-    session = uuid.uuid4().hex[:11]
-    httpx.post(base + "queue/join", json={"data": [prompt, "vanilla", max_tokens, True, 0.0], "fn_index": fn,
-                                          "session_hash": session, "event_data": None, "trigger_id": None}
-               ).raise_for_status()
-    events, out = [], None
-    with httpx.stream("GET", base + "queue/data", params={"session_hash": session}, timeout=300) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            msg = json.loads(line[5:])
-            if msg["msg"] == "process_generating":
-                data = msg["output"]["data"][0]
-                out = data if out is None else apply_diff(out, data)
-                if isinstance(out, dict) and not out.get("finished") and "t_sent" in out:
-                    events.append((time.time(), out))
-            if msg["msg"] in ("process_completed", "close_stream"):
-                break
-    return events
+    """What the page does (`client.page_stream`: POST /queue/join, then the session's event stream,
+    each message a diff against the one before). Returns (arrival wall time, event) per token event."""
+    from vegas_studio_app.client import page_stream
+    return [(time.time(), out) for out in page_stream(app_server.url, prompt, "vanilla", max_tokens)
+            if not out.get("finished")]
 
 
 def _client_events(app_server, prompt: str, max_tokens: int) -> list[tuple[float, dict]]:
@@ -168,8 +145,8 @@ def test_events_arrive_as_the_engine_makes_them_not_in_a_burst(app_server, read)
     assert max(delays) <= 0.75, f"an event arrived {max(delays):.2f} s after the server sent it"
     assert arrived[-1] - arrived[0] >= 0.6 * span, "the events arrived bunched together"
     # Each message places its request on the server's clock: accepted, then emitted, then sent.
-    assert all(e["t_accepted"] <= e["t_engine"] <= e["t_sent"] for _, e in events)
-    assert len({e["t_accepted"] for _, e in events}) == 1
+    assert all(e["t_api"] <= e["t_accepted"] <= e["t_engine"] <= e["t_sent"] for _, e in events)
+    assert len({(e["t_api"], e["t_accepted"]) for _, e in events}) == 1
 
 
 def test_an_api_stream_nobody_reads_is_stopped(app_server):

@@ -8,10 +8,12 @@ same prompts stream through its `stream_tokens` API with gradio_client, one clie
 at once, each client with its own gradio_client `Client` (its own session, as separate users
 are); and, as a script that reuses one `Client` does, a second request right after a first on the
 same `Client` ("shared"). The clients of the many-client phase connect first and submit together
-(users open the page before they press Generate). Per client: tokens/s over the decode (the tokens
+(users open the page before they press Generate); that phase runs twice, with gradio_client
+(`app_n`) and with the page's own protocol (`app_n_page`: `client.page_stream`, what a browser tab
+sends, without gradio_client's per-job threads in the benchmark's process). Per client: tokens/s over the decode (the tokens
 after the first token event over the time since it), time to first token (from the submit;
-`engine_ttft_s`: until the engine thread emitted it; `accept_s`: until the engine thread took the
-request in), and the largest gap between events, with
+`engine_ttft_s`: until the engine thread emitted it; `api_s`: until the app's handler started,
+`accept_s`: until the engine thread took the request in), and the largest gap between events, with
 where each event was on the server (`t_engine`: the engine thread emitted it, `t_sent`: the API
 yielded it) so a gap can be placed: engine, hand-over, or transport.
 Clients together: all their tokens over the time from the submits to the last token. Each kind is
@@ -76,24 +78,27 @@ def run(args, argv: list[str]) -> str:
             app.stream(prompts[0], method, client)
             shared = app.stream(prompts[0], method, client)      # right after another on one Client
             many = median_run(lambda: app.together(prompts, method), args.repeats)
+            page = median_run(lambda: app.together(prompts, method, page=True), args.repeats)
             eng = engine_rates[method]
             records.append(dict(
                 method=method, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
                 engine_1=eng["1"], engine_1_trace=eng["1-trace"], engine_n=eng["n"], app_1=one,
-                app_1_shared_client=shared, app_n=many,
+                app_1_shared_client=shared, app_n=many, app_n_page=page,
                 ratio_1=_ratio(one["tokens_per_s"], eng["1"]["tokens_per_s"]),
-                ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"])))
+                ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"]),
+                ratio_n_page=_ratio(page["tokens_per_s"], eng["n"]["tokens_per_s"])))
         soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
                                 clients=args.clients, soak=soak, deterministic=args.deterministic)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
-            f"engine b={args.clients}", f"app {args.clients} clients", "ratio"]
+            f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio"]
     rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["engine_1_trace"]["tokens_per_s"],
              r["app_1"]["tokens_per_s"], r["ratio_1"],
              1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"],
              1e3 * r["app_1_shared_client"]["ttft_s"], r["engine_n"]["tokens_per_s"],
-             r["app_n"]["tokens_per_s"], r["ratio_n"]] for r in records]
+             r["app_n"]["tokens_per_s"], r["ratio_n"], r["app_n_page"]["tokens_per_s"], r["ratio_n_page"]]
+            for r in records]
     common.print_table(f"app vs engine: {common.device_description(device)}, {args.prompt_tokens}-token "
                        f"prompts, {args.max_tokens} tokens, greedy", cols, rows)
     if soak is not None:
@@ -205,6 +210,8 @@ class AppServer:
                 raise RuntimeError(f"app.py did not start:\n{self.log.read()[-4000:]}")
             try:
                 if self.new_client().predict(api_name="/pool").get("state") == "ready":
+                    from vegas_studio_app.client import stream_tokens_fn_index
+                    self.fn_index = stream_tokens_fn_index(self.url)
                     return self
             except Exception:    # not serving yet, or the model still loading
                 pass
@@ -213,26 +220,40 @@ class AppServer:
     def new_client(self):
         return self.Client(self.url, verbose=False)
 
+    def new_http(self):
+        import httpx
+        return httpx.Client(timeout=300)
+
     def __exit__(self, *exc):
         self.proc.terminate()
         self.proc.wait(timeout=60)
 
-    def stream(self, prompt: str, method: str, client=None, start: threading.Barrier | None = None) -> dict:
+    def stream(self, prompt: str, method: str, client=None, start: threading.Barrier | None = None,
+               page: bool = False) -> dict:
         """One streamed request (on `client`, else a new one; submitted once `start` releases, if
         given): tokens/s between the first and last token events, TTFT from the submit, the largest
-        gap between events and where each event was on the server."""
-        from vegas_studio_app.client import stream_job
-        client = client or self.new_client()
+        gap between events and where each event was on the server. `page`: by the page's protocol
+        (`client` is then an httpx.Client), not gradio_client."""
+        from vegas_studio_app.client import page_stream, stream_job
+        client = client or (self.new_http() if page else self.new_client())
         if start is not None:
             start.wait()
         t0 = time.time()
-        job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
-        events, accepted = [], None
-        for out in stream_job(job):
+        if page:
+            outs = page_stream(self.url, prompt, method, self.args.max_tokens, True, 0.0,
+                               fn_index=self.fn_index, client=client)
+        else:
+            job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
+            outs = stream_job(job)
+        events, api, accepted, final = [], None, None, {}
+        for out in outs:
             if not out.get("finished"):
                 events.append((time.time(), len(out["token_ids"]), out.get("t_engine"), out.get("t_sent")))
-                accepted = out.get("t_accepted")
-        final = job.result()
+                api, accepted = out.get("t_api"), out.get("t_accepted")
+            else:
+                final = out
+        if not page:
+            final = job.result()
         if final.get("error"):
             raise RuntimeError(f"{method}: {final['error']}")
         arrivals = [e[0] for e in events]
@@ -243,7 +264,7 @@ class AppServer:
                     t_submit=t0, t_last=arrivals[-1] if arrivals else None,
                     ttft_s=arrivals[0] - t0 if arrivals else None, max_gap_s=max(gaps, default=None),
                     engine_ttft_s=events[0][2] - t0 if events and events[0][2] else None,
-                    accept_s=accepted - t0 if accepted else None,
+                    api_s=api - t0 if api else None, accept_s=accepted - t0 if accepted else None,
                     first_to_last_s=arrivals[-1] - arrivals[0] if arrivals else None,
                     max_engine_gap_s=max(engine_gaps, default=None),
                     max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
@@ -299,17 +320,17 @@ class AppServer:
                     active_end=pool["active_requests"], rss_mb=[m[0] for m in memory],
                     gpu_mb=[m[1] for m in memory])
 
-    def together(self, prompts: list[str], method: str) -> dict:
+    def together(self, prompts: list[str], method: str, page: bool = False) -> dict:
         """Every prompt streamed by its own client, submitted at once: the tokens of all over the
         time from the submits to the last token. Each client connects first (as users open the
         page before they press Generate): a `Client` fetching the app's API description while the
-        others stream is not what is measured."""
+        others stream is not what is measured. `page`: clients speaking the page's protocol."""
         results: list = [None] * len(prompts)
-        clients = [self.new_client() for _ in prompts]
+        clients = [self.new_http() if page else self.new_client() for _ in prompts]
         start = threading.Barrier(len(prompts))
 
         def one(i):
-            results[i] = self.stream(prompts[i], method, clients[i], start)
+            results[i] = self.stream(prompts[i], method, clients[i], start, page=page)
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
         for th in threads:
@@ -324,6 +345,7 @@ class AppServer:
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
                     per_client_ttft_s=[r["ttft_s"] for r in results],
                     per_client_engine_ttft_s=[r["engine_ttft_s"] for r in results],
+                    per_client_api_s=[r["api_s"] for r in results],
                     per_client_accept_s=[r["accept_s"] for r in results],
                     ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
 
