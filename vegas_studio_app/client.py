@@ -39,8 +39,9 @@ def stream_job(job, poll_s: float = 0.002) -> Iterator:
 def stream_tokens(client, prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
                   temperature: float = 0.0) -> Iterator[dict]:
     """The app's `stream_tokens` endpoint: a dict per message ({seq, token_ids, text, events: the
-    engine events it carries, t_api, t_accepted, t_engine, t_sent}), then the final dict ({finished, finish_reason, all_token_ids, all_text} or {error}).
-    Leaving the loop early cancels the request, which frees its place in the engine."""
+    engine events it carries; server wall times t_api, t_accepted, t_engine, t_sent}), then the
+    final dict ({finished, finish_reason, all_token_ids, all_text} or {error}). Leaving the loop
+    early cancels the request, which frees its place in the engine."""
     job = client.submit(prompt, method, max_tokens, chat, temperature, api_name="/stream_tokens")
     try:
         yield from stream_job(job)
@@ -61,7 +62,8 @@ def page_stream(url: str, prompt: str, method: str = "vanilla", max_tokens: int 
     """`stream_tokens` as the page calls it: POST `queue/join`, then read the session's
     `queue/data` event stream, applying each message's diff to the one before. Yields the same
     dicts as `stream_tokens`, ending with the final one; raises RuntimeError if the server reports
-    an error or closes the stream without a final message. `fn_index`: from
+    an error or closes the stream without a final message. Leaving the loop early closes the event
+    stream; the app stops a request nobody reads (`--abandon-after`). `fn_index`: from
     `stream_tokens_fn_index` (fetched when not given); `client`: an httpx.Client to reuse."""
     import httpx
     from gradio_client.utils import apply_diff

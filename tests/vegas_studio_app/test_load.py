@@ -144,7 +144,8 @@ def test_events_arrive_as_the_engine_makes_them_not_in_a_burst(app_server, read)
     delays = [a - s for a, s in zip(arrived, sent)]
     assert max(delays) <= 0.75, f"an event arrived {max(delays):.2f} s after the server sent it"
     assert arrived[-1] - arrived[0] >= 0.6 * span, "the events arrived bunched together"
-    # Each message places its request on the server's clock: accepted, then emitted, then sent.
+    # Each message places its request on the server's clock: handed to the app's handler, taken in
+    # by the engine, emitted, sent.
     assert all(e["t_api"] <= e["t_accepted"] <= e["t_engine"] <= e["t_sent"] for _, e in events)
     assert len({(e["t_api"], e["t_accepted"]) for _, e in events}) == 1
 

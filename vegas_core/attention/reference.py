@@ -40,8 +40,8 @@ def window_mask(rows: int, ctx: int, window: int, device) -> torch.Tensor:
 
 
 # On a GPU torch may send a masked call to cuDNN, which builds an execution plan for every new
-# (rows, keys) shape: 20-150 ms of host time, paid at random by prefill chunks whose lengths follow
-# request arrivals (bench/NOTES.md version 66). Flash, memory-efficient and math kernels need no plan.
+# (rows, keys) shape: tens to hundreds of ms a prefill step, paid at random by chunks whose lengths
+# follow request arrivals (bench/NOTES.md version 66). Flash, memory-efficient and math need none.
 GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -10,8 +10,9 @@ are); and, as a script that reuses one `Client` does, a second request right aft
 same `Client` ("shared"). The clients of the many-client phase connect first and submit together
 (users open the page before they press Generate); that phase runs twice, with gradio_client
 (`app_n`) and with the page's own protocol (`app_n_page`: `client.page_stream`, what a browser tab
-sends, without gradio_client's per-job threads in the benchmark's process). Per client: tokens/s over the decode (the tokens
-after the first token event over the time since it), time to first token (from the submit;
+sends, without gradio_client's per-job threads in the benchmark's process). Per client: tokens/s
+over the decode (the tokens after the first token event over the time since it), time to first
+token (from the submit;
 `engine_ttft_s`: until the engine thread emitted it; `api_s`: until the app's handler started,
 `accept_s`: until the engine thread took the request in), and the largest gap between events, with
 where each event was on the server (`t_engine`: the engine thread emitted it, `t_sent`: the API
