@@ -46,15 +46,17 @@ GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
-           scale: float | None = None, gqa: bool = True) -> torch.Tensor:
+           scale: float | None = None, gqa: bool = True, causal: bool = False) -> torch.Tensor:
     """`F.scaled_dot_product_attention` over [..., heads, rows, d] (`gqa`: query head h reads KV
-    head h // (heads // kv_heads)); on a GPU never through cuDNN (`attend_gpu`)."""
+    head h // (heads // kv_heads); `causal`: rows and keys are the same positions, row r sees keys
+    up to r); on a GPU never through cuDNN (`attend_gpu`)."""
     if q.is_cuda:
-        return attend_gpu(q, k, v, mask, scale, gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+        return attend_gpu(q, k, v, mask, scale, gqa, causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa,
+                                          is_causal=causal)
 
 
-def attend_gpu(q, k, v, mask=None, scale=None, gqa: bool = True) -> torch.Tensor:
+def attend_gpu(q, k, v, mask=None, scale=None, gqa: bool = True, causal: bool = False) -> torch.Tensor:
     """`attend` on `GPU_SDPA_BACKENDS`. The memory-efficient kernel, the one that takes a mask,
     does not group query heads, so a masked grouped call gets its KV heads repeated first (else
     it would fall to the math kernel, which materialises every score)."""
@@ -62,7 +64,7 @@ def attend_gpu(q, k, v, mask=None, scale=None, gqa: bool = True) -> torch.Tensor
         group = q.shape[-3] // k.shape[-3]
         k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
     with sdpa_kernel(GPU_SDPA_BACKENDS):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, is_causal=causal,
                                               enable_gqa=gqa and k.shape[-3] != q.shape[-3])
 
 
@@ -159,9 +161,11 @@ class ReferenceBackend:
         """Attention without collection through torch's fused kernel (same maths, less overhead).
         q [rows, H, d], keys/values [ctx, KVH, d]; causal: row r sees keys up to ctx - rows + r."""
         rows, ctx = q.shape[0], keys.shape[0]
-        mask = None if rows == 1 or not causal else ~causal_mask(rows, ctx, q.device)
+        # A GPU chunk that starts a prompt needs no mask: Flash takes it, grouped heads and all.
+        square = q.is_cuda and causal and rows == ctx > 1
+        mask = None if rows == 1 or not causal or square else ~causal_mask(rows, ctx, q.device)
         o = attend(q.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-                   mask, self.scale)
+                   mask, self.scale, causal=square)
         return o[0].transpose(0, 1)
 
     def _sparse(self, layer, q, kf, vf, seq: SeqAttention):
