@@ -68,7 +68,7 @@ def test_a_new_worker_frees_the_old_engine_before_loading(tmp_path):
     class Engine:   # enough of an engine for the worker's status line and warm-up check
         def __init__(self):
             self.config = type("C", (), {"name": "fake"})()
-            self.source, self.device, self.dtype = "fake", "cpu", "float32"
+            self.source, self.device, self.dtype, self.mode = "fake", "cpu", "float32", "reference"
             self.core = type("Core", (), {"runner": type("R", (), {"kernels": False, "graphs": None})(),
                                           "has_work": False})()
 
