@@ -192,8 +192,8 @@ class Studio:
                     # -> the engine accepted it -> the engine thread emitted -> this handler sent -> client.
                     yield {"seq": seq, "token_ids": [t for e in tokens for t in e.new_token_ids],
                            "text": "".join(e.text_delta for e in tokens), "finished": False,
-                           "events": len(tokens), "t_api": t_api, "t_accepted": handle.t_accepted, "t_engine": tokens[0].t,
-                           "t_sent": time.time()}
+                           "events": len(tokens), "t_api": t_api, "t_accepted": handle.t_accepted,
+                           "t_engine": tokens[0].t, "t_sent": time.time()}
                     seq += 1
                 end = ready[-1]
                 if end.finished:
