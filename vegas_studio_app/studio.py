@@ -240,9 +240,9 @@ class Studio:
         """(ModelInfo, RunConfig) of the run on the Generate tab: its trace's, or the live run's."""
         if s.trace is not None and not s.streaming:
             return s.trace.model, s.trace.config
-        if s.run_info is None or self.worker is None or self.worker.engine is None:
+        if s.run_info is None or self.worker is None or self.worker.info is None:
             return None, None
-        e = self.worker.engine
+        e = self.worker.info
         cfg = e.config
         spec, sampling = s.run_info
         return (ModelInfo(name=cfg.name or e.source, arch=cfg.arch, num_layers=cfg.num_layers,
@@ -574,7 +574,7 @@ class Studio:
         """The two file-based plots (committed benchmark results, each named on its figure) and a note
         that says which numbers there are measured by this app and which are read from files."""
         latest = viz.pick_kernel_results(viz.load_kernel_results(self.results_dir))
-        engine = None if self.worker is None else self.worker.engine
+        engine = None if self.worker is None else self.worker.info
         e2e = viz.pick_results(viz.load_e2e_results(self.results_dir), None if engine is None else engine.device.type)
         files = [r.provenance for r in (latest, e2e) if r is not None]
         note = ("**Read from committed benchmark files, not measured by this app:** the collection-overhead and "
@@ -641,9 +641,9 @@ class Studio:
         state = "pass" if viz.lossless_check(s.runs)["passed"] else "fail"
         if any(t.config.temperature > 0 for t in s.runs.values()):
             state = "n/a"
-        engine = self.worker.engine
+        engine = self.worker.info
         yield table(), (f"done: compare {group}, {len(methods)} methods, {verdict[state]} "
-                        f"({compare_mode(engine.mode, engine.dtype, engine.core.options.deterministic)})")
+                        f"({compare_mode(engine.mode, engine.dtype, engine.deterministic)})")
 
     # -- export / replay -----------------------------------------------------------------------
     def _export_runs(self, s: Session) -> list:

@@ -86,7 +86,7 @@ class SweepView:
             raise VegasError("this app was started with --no-model: the sweep needs the model")
         if worker.state != "ready":
             raise EngineNotReady(worker.status_line())
-        return worker, worker.engine
+        return worker, worker.info
 
     def _path(self, engine) -> Path:
         return cache_path(self.cache_dir, device_tag(engine.device), engine.config.name or engine.source)
@@ -100,7 +100,7 @@ class SweepView:
             return job.progress.doc, False
         if worker is None or worker.state != "ready":
             return None, False
-        return load_sweep(self._path(worker.engine)), True
+        return load_sweep(self._path(worker.info)), True
 
     def figure(self):
         doc, cached = self.document()

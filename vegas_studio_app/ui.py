@@ -15,6 +15,7 @@ from vegas_core.spec import GRANULARITIES, METHODS
 from vegas_studio_app.api import make_api
 from vegas_studio_app.models import model_choices, picker_value, wants_chat
 from vegas_studio_app.studio import COMPARE_TOKENS_LIMIT, MAX_TOKENS_LIMIT, MAX_UPLOAD_BYTES, Studio
+from vegas_studio_app.engine_process import ProcessWorker
 from vegas_studio_app.worker import EngineWorker
 from visualizations.tokens import STREAM_CSS
 
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="batch-invariant kernels on a GPU (default), so Compare's lossless check is exact in "
                         "bf16; --no-deterministic runs the faster default kernels")
     p.add_argument("--no-model", action="store_true", help="replay uploaded traces only; load no model")
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="run the engine on a thread of the server's process, not in a process of its own "
+                        "(where it shares one interpreter lock with the server: for comparison)")
     p.add_argument("--results-dir", default="bench/results",
                    help="committed benchmark results the Overhead and Throughput views read "
                         "(default: bench/results of the folder the app starts in)")
@@ -266,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     if not args.no_model:
         # Room for the throughput sweep's largest batch (the Overhead tab measures it on this engine).
-        worker = EngineWorker(args.model, args.device, args.dtype,
+        worker_class = EngineWorker if args.engine_in_process else ProcessWorker
+        worker = worker_class(args.model, args.device, args.dtype,
                               max_num_seqs=max(SWEEP_MAX_BATCH, args.concurrency),
                               attention=args.attention, cuda_graphs="off" if args.eager else "auto",
                               deterministic=args.deterministic, warm_up_batch=args.concurrency).start()

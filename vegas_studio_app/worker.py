@@ -52,6 +52,22 @@ SWEEPING = ("the engine is measuring a throughput sweep (Overhead tab) and serve
             "try again when it ends, or stop it there")
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the app shows about the loaded engine (it may live in another process: `engine_process`)."""
+    config: object                         # vegas_core.config.ModelConfig
+    source: str
+    device: object                         # torch.device
+    dtype: object                          # torch.dtype
+    mode: str                              # Engine.mode: "deterministic", "default" or "reference"
+    deterministic: bool                    # EngineOptions.deterministic
+
+    @classmethod
+    def of(cls, engine) -> "EngineInfo":
+        return cls(engine.config, engine.source, engine.device, engine.dtype, engine.mode,
+                   engine.core.options.deterministic)
+
+
 @dataclass
 class LiveEvent:
     new_token_ids: list[int]
@@ -127,11 +143,21 @@ class Handle:
         return self.iterations_sent
 
 
+@dataclass
+class _Forwarded:
+    """A handle's event queue that hands each event on (`EngineWorker(forward=...)`)."""
+    forward: object
+    request_id: int
+
+    def put(self, event: LiveEvent) -> None:
+        self.forward(self.request_id, event)
+
+
 class EngineWorker:
     def __init__(self, model: str | None = None, device: str | None = None, dtype: str | None = None,
                  max_num_seqs: int = 16, stale_after_s: float = 120.0, engine_factory=None,
                  attention: str = "auto", cuda_graphs: str = "auto", deterministic: bool = True,
-                 warm_up_batch: int = 8):
+                 warm_up_batch: int = 8, forward=None):
         self.model, self.device, self.dtype = model, device, dtype
         self.warm_up_batch = warm_up_batch      # on a GPU, graphs are captured up to this batch at start
         self.attention, self.cuda_graphs = attention, cuda_graphs
@@ -139,8 +165,12 @@ class EngineWorker:
         self.max_num_seqs = max_num_seqs
         self.stale_after_s = stale_after_s
         self._factory = engine_factory
+        # forward(request_id, event): where the handles' events go instead of their queues (the
+        # engine process ships them to the app's process).
+        self._forward = forward
         self._previous: EngineWorker | None = None
         self.engine = None
+        self.info: EngineInfo | None = None    # once ready
         self.state = "loading"             # loading | ready | failed
         self.error: str | None = None
         self.load_started = time.monotonic()
@@ -194,7 +224,7 @@ class EngineWorker:
             return f"Loading the model… {time.monotonic() - self.load_started:.0f} s"
         if self.state == "failed":
             return f"The model failed to load: {self.error}"
-        e = self.engine
+        e = self.info
         attention = {"deterministic": "Triton kernels, batch-invariant", "default": "Triton kernels",
                      "reference": "PyTorch reference attention"}[e.mode]
         warmed = f", warmed up in {self.warm_up_s:.1f} s" if self.warm_up_s is not None else ""
@@ -255,6 +285,7 @@ class EngineWorker:
             # at random. Objects made later (runs, traces) are collected as usual; `_run` undoes it at the end.
             gc.collect()
             gc.freeze()
+            self.info = EngineInfo.of(self.engine)
             self.state = "ready"
         except Exception as e:  # a bad --model path must show in the UI, not kill the server
             self.error = f"{type(e).__name__}: {e}"
@@ -382,6 +413,8 @@ class EngineWorker:
         req = self.engine.add(prompt, sampling, spec, chat=chat, trace=trace)
         h = Handle(req.request_id, prompt, list(req.prompt_ids), sampling, spec, self,
                    prompt_texts={t: self._text(t) for t in set(req.prompt_ids)}, t_accepted=time.time())
+        if self._forward is not None:
+            h.events = _Forwarded(self._forward, req.request_id)
         self._handles[req.request_id] = h
         self._requests[req.request_id] = req
         self.peak_active = max(self.peak_active, len(self._handles))

@@ -70,6 +70,7 @@ def test_a_new_worker_frees_the_old_engine_before_loading(tmp_path):
             self.config = type("C", (), {"name": "fake"})()
             self.source, self.device, self.dtype, self.mode = "fake", "cpu", "float32", "reference"
             self.core = type("Core", (), {"runner": type("R", (), {"kernels": False, "graphs": None})(),
+                                          "options": type("O", (), {"deterministic": False})(),
                                           "has_work": False})()
 
     def factory():

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--soak", type=float, default=0, metavar="SECONDS",
                    help="then this long: --clients clients streaming continuously, one aborting a request "
                         "every few seconds; checks every stream, the KV pool and the app's memory (default: off)")
+    p.add_argument("--engine-in-process", action="store_true",
+                   help="start the app with its engine on a thread of the server's process (app.py's flag), "
+                        "not in a process of its own")
     p.add_argument("--out", default=common.DEFAULT_OUT, help=f"result folder (default: {common.DEFAULT_OUT})")
 
 
@@ -90,7 +93,8 @@ def run(args, argv: list[str]) -> str:
                 ratio_n_page=_ratio(page["tokens_per_s"], eng["n"]["tokens_per_s"])))
         soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
-                                clients=args.clients, soak=soak, deterministic=args.deterministic)
+                                clients=args.clients, soak=soak, deterministic=args.deterministic,
+                                engine="in the server's process" if args.engine_in_process else "own process")
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio"]
@@ -196,6 +200,8 @@ class AppServer:
                 cmd += [f"--{flag}", getattr(self.args, flag)]
         if self.args.eager:
             cmd.append("--eager")
+        if getattr(self.args, "engine_in_process", False):
+            cmd.append("--engine-in-process")
         deterministic = getattr(self.args, "deterministic", None)
         if deterministic is not None:      # the app's own default otherwise
             cmd.append("--deterministic" if deterministic else "--no-deterministic")
@@ -363,21 +369,40 @@ def _check_stream(final: dict, outs: list[dict]) -> str | None:
     return None
 
 
+def _process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the app's engine runs in a child process)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        try:
+            for task in os.listdir(f"/proc/{pids[i]}/task"):
+                with open(f"/proc/{pids[i]}/task/{task}/children", encoding="ascii") as f:
+                    pids.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+        i += 1
+    return pids
+
+
 def _rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status", encoding="ascii") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+    """Resident memory of the app's processes together."""
+    total = 0
+    for p in _process_tree(pid):
+        try:
+            with open(f"/proc/{p}/status", encoding="ascii") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        except (OSError, StopIteration):
+            pass
+    return total / 1024
 
 
 def _gpu_mb(pid: int) -> int | None:
-    """The process's GPU memory from nvidia-smi (None without a GPU or the tool)."""
+    """The app's processes' GPU memory from nvidia-smi (None without a GPU or the tool)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    for line in out.splitlines():
-        p, _, mb = line.partition(",")
-        if p.strip() == str(pid):
-            return int(mb)
-    return None
+    pids = {str(p) for p in _process_tree(pid)}
+    used = [int(mb) for p, _, mb in (line.partition(",") for line in out.splitlines()) if p.strip() in pids]
+    return sum(used) if used else None
 
