@@ -1,5 +1,5 @@
 """Start `python app.py` as a subprocess on a free localhost port (default model, CPU) and wait until
-the engine is ready; shared by the browser and load tests."""
+the engine is ready; shared by the browser and load tests. Also the worker tests' helpers."""
 from __future__ import annotations
 
 import os
@@ -21,6 +21,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def drain(handle, timeout=120) -> list:
+    """A worker handle's events up to and including the final one."""
+    events = []
+    while True:
+        ev = handle.get(timeout=timeout)
+        assert ev is not None, "no event in time"
+        events.append(ev)
+        if ev.finished:
+            return events
+
+
+def pool_is_free(worker) -> bool:
+    p = worker.pool()
+    return p["num_free"] == p["num_blocks"] and p["active_requests"] == 0
 
 
 class AppServer:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.vegas_core.conftest import build_tiny_hf_model
+from tests.vegas_studio_app.conftest import drain, pool_is_free
 from vegas_core.bench.sweep import Grid, SweepProgress
 from vegas_core.errors import InvalidRequestError
 from vegas_core.sampling import SamplingParams
@@ -33,21 +34,6 @@ def worker(model):
     w.release()
 
 
-def _drain(handle, timeout=120):
-    events = []
-    while True:
-        ev = handle.get(timeout=timeout)
-        assert ev is not None, "no event in time"
-        events.append(ev)
-        if ev.finished:
-            return events
-
-
-def _pool_is_free(worker):
-    p = worker.pool()
-    return p["num_free"] == p["num_blocks"] and p["active_requests"] == 0
-
-
 def test_the_engine_runs_in_another_process_and_says_what_it_is(worker):
     assert worker.process.pid != os.getpid() and worker.process.is_alive()
     assert isinstance(worker.info, EngineInfo) and worker.info.mode == "reference"
@@ -61,7 +47,7 @@ def test_concurrent_requests_each_get_their_tokens_once_with_traces(worker):
     handles = [worker.submit(f"prompt {i} the the", sampling, SpecParams(method=m, gamma=3, min_budget=2), chat=False)
                for i, m in enumerate(methods)]
     results = {}
-    threads = [threading.Thread(target=lambda h=h: results.__setitem__(h.request_id, _drain(h))) for h in handles]
+    threads = [threading.Thread(target=lambda h=h: results.__setitem__(h.request_id, drain(h))) for h in handles]
     for t in threads:
         t.start()
     for t in threads:
@@ -74,12 +60,12 @@ def test_concurrent_requests_each_get_their_tokens_once_with_traces(worker):
         assert len(final.result.token_ids) == 12
         assert final.trace is not None and len(final.trace.requests[0].iterations) == h.iterations_sent
         assert all(t in h.prompt_texts for t in h.prompt_ids) and h.t_accepted > 0
-    assert worker.peak_active >= 1 and _pool_is_free(worker)
+    assert worker.peak_active >= 1 and pool_is_free(worker)
 
 
 def test_pause_advance_and_abort_cross_the_pipe(worker):
-    h = worker.submit("hold me the the", SamplingParams(max_tokens=200, ignore_eos=True), SpecParams(method="vegas", gamma=3),
-                      chat=False)
+    h = worker.submit("hold me the the", SamplingParams(max_tokens=200, ignore_eos=True),
+                      SpecParams(method="vegas", gamma=3), chat=False)
     sent = h.pause()
     time.sleep(0.3)
     before = h.ready()
@@ -93,9 +79,9 @@ def test_pause_advance_and_abort_cross_the_pipe(worker):
     time.sleep(0.3)
     assert h.iterations_sent == n + 1                    # exactly one more iteration
     h.abort()
-    final = _drain(h)[-1]
+    final = drain(h)[-1]
     assert final.finish_reason == "abort" and h.done
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_the_engines_errors_keep_their_type(worker):
@@ -103,7 +89,7 @@ def test_the_engines_errors_keep_their_type(worker):
         worker.submit("the " * 600, SamplingParams(max_tokens=4), SpecParams(), chat=False)
     with pytest.raises(InvalidRequestError):
         worker.submit("", SamplingParams(max_tokens=4), SpecParams(), chat=False)
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_a_sweep_reports_progress_refuses_requests_and_stops(worker):
@@ -118,7 +104,7 @@ def test_a_sweep_reports_progress_refuses_requests_and_stops(worker):
     stop.set()
     doc = future.result(60)
     assert doc["stopped"] and progress.done and progress.doc is not None
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_a_request_nobody_reads_is_aborted(model):
@@ -129,7 +115,7 @@ def test_a_request_nobody_reads_is_aborted(model):
         deadline = time.monotonic() + 30
         while not h.done and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert h.done and _pool_is_free(w)
+        assert h.done and pool_is_free(w)
         assert [e for e in h.ready() if e.finished][0].finish_reason == "abort"
     finally:
         w.release()
@@ -166,7 +152,7 @@ def test_a_dead_engine_process_ends_every_open_request_with_an_error(model):
         h = w.submit("a long one", SamplingParams(max_tokens=500, ignore_eos=True), SpecParams(), chat=False)
         assert h.get(timeout=60) is not None
         w.process.kill()
-        final = _drain(h, timeout=30)[-1]
+        final = drain(h, timeout=30)[-1]
         assert final.finish_reason == "error" and "the engine process stopped" in final.error
         deadline = time.monotonic() + 30
         while w.alive and time.monotonic() < deadline:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.vegas_core.conftest import build_tiny_hf_model
+from tests.vegas_studio_app.conftest import pool_is_free
 from vegas_core.bench import sweep as bench_sweep
 from vegas_core.bench.sweep import Grid
 from vegas_core.sampling import SamplingParams
@@ -42,11 +43,6 @@ def studio(worker, tmp_path, monkeypatch):
     return Studio(worker, export_root=str(tmp_path / "exports"), sweep_cache_dir=str(tmp_path / "sweeps"))
 
 
-def _pool_is_free(worker):
-    p = worker.pool()
-    return p["num_free"] == p["num_blocks"] and p["active_requests"] == 0
-
-
 def test_a_sweep_runs_on_the_apps_engine_with_progress_and_a_restart_shows_it_cached(studio, worker, tmp_path):
     fig, status = studio.sweep.show()
     assert status.startswith("Not measured with this model on cpu yet") and fig.layout.meta["empty"]
@@ -62,7 +58,7 @@ def test_a_sweep_runs_on_the_apps_engine_with_progress_and_a_restart_shows_it_ca
         [(1, 96, False), (2, 96, False), (1, 600, True), (2, 600, True)]
     assert doc["settings"] == dict(gamma=3, sparsity=0.3, min_budget=4, granularity="layer")
     assert [t.name for t in final_fig.data][:4] == ["bandwidth bound", "vanilla", "stream", "vegas"]
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
     # The next start (a new Studio on the same cache) shows it, labelled as cached with its time.
     again = Studio(worker, sweep_cache_dir=str(tmp_path / "sweeps"))
     fig, status = again.sweep.show()
@@ -90,7 +86,7 @@ def test_no_request_shares_the_engine_with_a_sweep(studio, worker):
     assert worker.pool()["state"] == "ready"
     stop.set()
     doc = future.result(60)
-    assert doc["stopped"] and _pool_is_free(worker)
+    assert doc["stopped"] and pool_is_free(worker)
     assert gc.get_freeze_count() > 0        # the sweep's measurement left the app's heap frozen
 
 
@@ -104,7 +100,7 @@ def test_stop_ends_the_running_sweep_and_it_is_not_cached(studio, worker, tmp_pa
     assert studio.sweep.stop().startswith("Stopping")
     *_, (_, final) = list(run)
     assert final.startswith("Stopped after ") and "not cached" in final
-    assert not (tmp_path / "sweeps").exists() and _pool_is_free(worker)
+    assert not (tmp_path / "sweeps").exists() and pool_is_free(worker)
 
 
 def test_export_writes_the_json_and_the_figure(studio, tmp_path):

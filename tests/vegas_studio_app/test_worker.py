@@ -11,6 +11,7 @@ import time
 import pytest
 
 from tests.vegas_core.conftest import build_tiny_hf_model
+from tests.vegas_studio_app.conftest import drain, pool_is_free
 from vegas_core.errors import InvalidRequestError
 from vegas_core.sampling import SamplingParams
 from vegas_core.spec import SpecParams
@@ -27,21 +28,6 @@ def worker(tmp_path_factory):
     w.release()
 
 
-def _drain(handle, timeout=120):
-    events = []
-    while True:
-        ev = handle.get(timeout=timeout)
-        assert ev is not None, "no event in time"
-        events.append(ev)
-        if ev.finished:
-            return events
-
-
-def _pool_is_free(worker):
-    p = worker.pool()
-    return p["num_free"] == p["num_blocks"] and p["active_requests"] == 0
-
-
 def test_concurrent_requests_each_get_their_tokens_once(worker):
     methods = ["vanilla", "vegas", "stream", "quest", "specextend", "vegas-all"]
     sampling = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -50,7 +36,7 @@ def test_concurrent_requests_each_get_their_tokens_once(worker):
     results = {}
 
     def consume(h):
-        results[h.request_id] = _drain(h)
+        results[h.request_id] = drain(h)
 
     threads = [threading.Thread(target=consume, args=(h,)) for h in handles]
     for t in threads:
@@ -66,7 +52,7 @@ def test_concurrent_requests_each_get_their_tokens_once(worker):
         assert "".join(e.text_delta for e in events) == final.result.text
         assert final.trace.requests[0].output_token_ids == ids
         assert all(t in final.trace.token_texts for t in ids)
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_bad_requests_are_refused_in_the_callers_thread(worker):
@@ -74,7 +60,7 @@ def test_bad_requests_are_refused_in_the_callers_thread(worker):
         worker.submit("   ", SamplingParams(max_tokens=4), SpecParams(method="vanilla"), chat=False)
     with pytest.raises(InvalidRequestError, match="beyond the model's context of 512 tokens"):
         worker.submit("hello", SamplingParams(max_tokens=100_000), SpecParams(method="vanilla"), chat=False)
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_abort_frees_the_pages(worker):
@@ -83,12 +69,12 @@ def test_abort_frees_the_pages(worker):
     first = h.get(timeout=60)
     assert first is not None and not first.finished
     h.abort()
-    events = [first] + _drain(h)
+    events = [first] + drain(h)
     final = events[-1]
     assert final.finish_reason == "abort" and final.trace is not None
     assert final.trace.requests[0].finish_reason == "abort"
     assert len(final.result.token_ids) < 400
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_an_engine_failure_fails_the_request_not_the_worker(worker, monkeypatch):
@@ -104,25 +90,25 @@ def test_an_engine_failure_fails_the_request_not_the_worker(worker, monkeypatch)
     monkeypatch.setattr(worker.engine, "step", flaky_step)
     h = worker.submit("hello there", SamplingParams(max_tokens=8, ignore_eos=True), SpecParams(method="vanilla"),
                       chat=False)
-    final = _drain(h)[-1]
+    final = drain(h)[-1]
     assert final.error and "boom" in final.error and final.finish_reason == "error"
     monkeypatch.setattr(worker.engine, "step", real_step)
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
     h2 = worker.submit("hello again", SamplingParams(max_tokens=4, ignore_eos=True), SpecParams(method="vanilla"),
                        chat=False)
-    assert _drain(h2)[-1].finish_reason == "length"
+    assert drain(h2)[-1].finish_reason == "length"
 
 
 def test_an_untraced_request_streams_its_tokens_without_records_or_trace(worker):
     """What the API's stream_tokens submits (`trace=False`): the same tokens as a traced run of the
     same prompt, events without iteration records, no trace at the end."""
     sampling, spec = SamplingParams(max_tokens=10, ignore_eos=True), SpecParams(method="vegas", gamma=3, min_budget=2)
-    *traced_events, traced = _drain(worker.submit("the cat sat on", sampling, spec, chat=False))
-    *events, final = _drain(worker.submit("the cat sat on", sampling, spec, chat=False, trace=False))
+    *traced_events, traced = drain(worker.submit("the cat sat on", sampling, spec, chat=False))
+    *events, final = drain(worker.submit("the cat sat on", sampling, spec, chat=False, trace=False))
     assert final.error is None and final.trace is None and traced.trace is not None
     assert [t for e in events for t in e.new_token_ids] == final.result.token_ids == traced.result.token_ids
     assert all(e.iteration is None for e in events) and any(e.iteration for e in traced_events)
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_the_heap_is_frozen_while_serving_and_a_stopped_engine_can_be_collected(tmp_path):
@@ -180,17 +166,17 @@ def test_pause_holds_advance_runs_one_iteration_resume_finishes(worker):
     assert req.held and held.events.empty()
     assert held.iterations_sent == n + 1
     other.abort()
-    assert _drain(other)[-1].finish_reason == "abort"
+    assert drain(other)[-1].finish_reason == "abort"
     steps = worker.engine.core.step_index
     time.sleep(0.3)                                         # held alone: the worker waits, no busy loop
     assert worker.engine.core.step_index - steps <= 2 and held.events.empty()
     held.resume()
-    *rest, final = _drain(held)
+    *rest, final = drain(held)
     events += rest
     assert final.finish_reason == "length" and len(final.result.token_ids) == 12
     assert [t for e in events for t in e.new_token_ids] == final.result.token_ids
     assert [e.iteration["index"] for e in events] == list(range(len(events)))
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
@@ -229,7 +215,7 @@ def test_pause_and_step_drive_the_live_run_then_walk_the_recorded_one(worker):
     assert 'data-iteration="2"' in stages and 'data-counter="iterations">2<' in counters
     label, stream, counters, stages, _ = studio.pause()     # resume: the whole run
     assert label["value"] == "Pause" and 'data-counter="tokens">16<' in counters
-    assert _pool_is_free(worker)
+    assert pool_is_free(worker)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")   # gr.Warning outside a Gradio request
