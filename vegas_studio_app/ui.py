@@ -13,9 +13,9 @@ import gradio as gr
 from vegas_core.bench.sweep import MAX_BATCH as SWEEP_MAX_BATCH
 from vegas_core.spec import GRANULARITIES, METHODS
 from vegas_studio_app.api import make_api
+from vegas_studio_app.engine_process import ProcessWorker
 from vegas_studio_app.models import model_choices, picker_value, wants_chat
 from vegas_studio_app.studio import COMPARE_TOKENS_LIMIT, MAX_TOKENS_LIMIT, MAX_UPLOAD_BYTES, Studio
-from vegas_studio_app.engine_process import ProcessWorker
 from vegas_studio_app.worker import EngineWorker
 from visualizations.tokens import STREAM_CSS
 

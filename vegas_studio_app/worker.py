@@ -3,6 +3,7 @@
 The engine is not thread-safe, and one engine serves every browser tab and API client: continuous
 batching puts their requests into the same steps. So exactly one thread (`EngineWorker`) loads the
 model, adds, steps and aborts; request handlers only `submit` and then read their own `Handle`'s queue.
+The app runs this thread in a process of its own (`engine_process.ProcessWorker`, same contract).
 
 Contract:
 - `submit(...)` returns a `Handle` once the engine accepted the request, or raises the engine's
