@@ -58,7 +58,13 @@ class ProcessWorker(EngineWorker):
         settings = {k: getattr(self, k) for k in SETTINGS}
         self.process = ctx.Process(target=_child, args=(settings, commands_in, events_out), daemon=True,
                                    name="vegas-engine")
-        self.process.start()
+        try:
+            self.process.start()
+        except Exception as e:       # the page shows it, as a failed load
+            self.state, self.error = "failed", f"could not start the engine process ({type(e).__name__}: {e})"
+            self._commands.close()
+            self._ready.set()
+            return
         commands_in.close()
         events_out.close()
         self._commands.connect(commands_out)

@@ -163,3 +163,20 @@ def test_a_dead_engine_process_ends_every_open_request_with_an_error(model):
         assert w.pool()["state"] == "failed"
     finally:
         w.release()
+
+
+def test_an_engine_process_that_cannot_start_says_why(model, monkeypatch):
+    import multiprocessing.context
+
+    def refuse(self):
+        raise OSError("no processes left")
+
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", refuse)
+    w = ProcessWorker(model, "cpu").start()
+    try:
+        assert not w.wait_ready(30)
+        assert w.state == "failed"
+        assert w.status_line() == ("The model failed to load: could not start the engine process "
+                                   "(OSError: no processes left)")
+    finally:
+        w.release()
