@@ -168,6 +168,7 @@ class _Commands:
         self.worker = worker
         self._conn = None
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()     # a Connection's send is not thread-safe: one at a time
         self._ids = itertools.count()
         self._calls: dict[int, tuple] = {}     # call id -> (kind, arg, future)
         self._closed = False
@@ -202,7 +203,8 @@ class _Commands:
         try:
             if conn is None:
                 raise OSError("closed")
-            conn.send(message)
+            with self._send_lock:
+                conn.send(message)
         except (OSError, ValueError):
             if message[2] is not None:
                 self.fail(message[2], EngineNotReady(self.worker.status_line()))

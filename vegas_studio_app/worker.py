@@ -140,7 +140,9 @@ class Handle:
         if not self.done:
             fut: Future = Future()
             self.worker._commands.put((kind, self.request_id, fut))
-            fut.result(timeout)
+            sent = fut.result(timeout)
+            if sent is not None:
+                return sent
         return self.iterations_sent
 
 
@@ -367,12 +369,15 @@ class EngineWorker:
             elif kind == "sweep":
                 fut.set_result(self._sweep(*arg))
             elif kind in ("pause", "resume", "advance"):
-                if arg in self._handles:
+                h = self._handles.get(arg)
+                if h is not None:
                     if kind == "pause":
                         self.engine.pause(arg)
                     else:
                         self.engine.resume(arg, iterations=1 if kind == "advance" else None)
-                fut.set_result(None)
+                # The count as the command took effect: read later, in the caller's thread, it
+                # could already include the iteration an advance lets run.
+                fut.set_result(None if h is None else h.iterations_sent)
         except Exception as e:
             if fut is not None and not fut.done():
                 fut.set_exception(e)

@@ -34,6 +34,28 @@ def drain(handle, timeout=120) -> list:
             return events
 
 
+def advance_numbers_its_iteration(worker, rounds: int = 20) -> None:
+    """Pause, then advance, `rounds` times from a request's start: each `advance()` returns the
+    number of iteration events sent before it, so the one it lets run is numbered by it, and no
+    other follows (the count read in the caller's thread after the engine had already run that
+    iteration was one too many, about one round in eight)."""
+    from vegas_core.sampling import SamplingParams
+    from vegas_core.spec import SpecParams
+    for _ in range(rounds):
+        h = worker.submit("hold me the the", SamplingParams(max_tokens=200, ignore_eos=True),
+                          SpecParams(method="vegas", gamma=3), chat=False)
+        h.pause()
+        before = h.advance()
+        deadline = time.monotonic() + 30
+        while h.iterations_sent < before + 1 and time.monotonic() < deadline:
+            h.get(timeout=0.05)
+        time.sleep(0.05)
+        h.ready()
+        assert h.iterations_sent == before + 1
+        h.abort()
+        drain(h)
+
+
 def pool_is_free(worker) -> bool:
     p = worker.pool()
     return p["num_free"] == p["num_blocks"] and p["active_requests"] == 0

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.vegas_core.conftest import build_tiny_hf_model
-from tests.vegas_studio_app.conftest import drain, pool_is_free
+from tests.vegas_studio_app.conftest import advance_numbers_its_iteration, drain, pool_is_free
 from vegas_core.bench.sweep import Grid, SweepProgress
 from vegas_core.errors import InvalidRequestError
 from vegas_core.sampling import SamplingParams
@@ -180,3 +180,8 @@ def test_an_engine_process_that_cannot_start_says_why(model, monkeypatch):
                                    "(OSError: no processes left)")
     finally:
         w.release()
+
+
+def test_advance_returns_the_number_of_the_iteration_it_runs(worker):
+    advance_numbers_its_iteration(worker)
+    assert pool_is_free(worker)

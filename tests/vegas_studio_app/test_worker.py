@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.vegas_core.conftest import build_tiny_hf_model
-from tests.vegas_studio_app.conftest import drain, pool_is_free
+from tests.vegas_studio_app.conftest import advance_numbers_its_iteration, drain, pool_is_free
 from vegas_core.errors import InvalidRequestError
 from vegas_core.sampling import SamplingParams
 from vegas_core.spec import SpecParams
@@ -249,3 +249,8 @@ def test_the_apps_engine_asks_for_batch_invariant_kernels(worker):
     assert "--deterministic" in compare_mode("default", "torch.bfloat16")
     assert "not batch-invariant" in compare_mode("default", "torch.bfloat16", asked=True)   # Gemma 3
     assert worker.with_model(None).deterministic
+
+
+def test_advance_returns_the_number_of_the_iteration_it_runs(worker):
+    advance_numbers_its_iteration(worker)
+    assert pool_is_free(worker)
