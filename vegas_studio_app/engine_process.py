@@ -153,13 +153,6 @@ class ProcessWorker(EngineWorker):
             self._event(rid, LiveEvent([], "", [], None, {}, finished=True, finish_reason="error",
                                        error=message))
 
-    def with_model(self, model: str | None) -> "ProcessWorker":
-        new = ProcessWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s, None,
-                            self.attention, self.cuda_graphs, self.deterministic, self.warm_up_batch)
-        new._previous = self
-        return new
-
-
 class _Commands:
     """`EngineWorker._commands` for the parent: each (kind, arg, future) goes down the pipe, and the
     future is settled when the child's reply comes back."""

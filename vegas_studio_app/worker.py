@@ -192,9 +192,9 @@ class EngineWorker:
     def with_model(self, model: str | None) -> "EngineWorker":
         """A new (not yet started) worker with this one's settings for another model. It stops this
         one and frees its engine before loading: two models at once may not fit in memory."""
-        new = EngineWorker(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
-                           self._factory, self.attention, self.cuda_graphs, self.deterministic,
-                           self.warm_up_batch)
+        new = type(self)(model, self.device, self.dtype, self.max_num_seqs, self.stale_after_s,
+                         self._factory, self.attention, self.cuda_graphs, self.deterministic,
+                         self.warm_up_batch)
         new._previous = self
         return new
 

@@ -316,7 +316,8 @@ class AppServer:
         for th in threads:
             th.start()
         while any(th.is_alive() for th in threads):
-            memory.append((_rss_mb(self.proc.pid), _gpu_mb(self.proc.pid)))
+            pids = _process_tree(self.proc.pid)
+            memory.append((_rss_mb(pids), _gpu_mb(pids)))
             time.sleep(2)
         for th in threads:
             th.join()
@@ -383,10 +384,10 @@ def _process_tree(pid: int) -> list[int]:
     return pids
 
 
-def _rss_mb(pid: int) -> float:
-    """Resident memory of the app's processes together."""
+def _rss_mb(pids: list[int]) -> float:
+    """Resident memory of the app's processes (`_process_tree`) together."""
     total = 0
-    for p in _process_tree(pid):
+    for p in pids:
         try:
             with open(f"/proc/{p}/status", encoding="ascii") as f:
                 total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
@@ -395,14 +396,14 @@ def _rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def _gpu_mb(pid: int) -> int | None:
-    """The app's processes' GPU memory from nvidia-smi (None without a GPU or the tool)."""
+def _gpu_mb(pids: list[int]) -> int | None:
+    """The app's processes' (`_process_tree`) GPU memory from nvidia-smi (None without a GPU or the tool)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    pids = {str(p) for p in _process_tree(pid)}
-    used = [int(mb) for p, _, mb in (line.partition(",") for line in out.splitlines()) if p.strip() in pids]
+    wanted = {str(p) for p in pids}
+    used = [int(mb) for p, _, mb in (line.partition(",") for line in out.splitlines()) if p.strip() in wanted]
     return sum(used) if used else None
 
