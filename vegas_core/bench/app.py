@@ -1,23 +1,22 @@
 """`python -m vegas_core.bench app`: the app against the engine it drives, in one run.
 
 First the engine alone (warmed up: graphs captured, kernels compiled; the heap frozen, as the app's
-worker freezes it once ready) streams each prompt at batch 1
-and generates `--clients` prompts at once; then `python app.py` starts on the same device, is warmed
-up the same way (one request, then all clients at once), and the
-same prompts stream through its `stream_tokens` API with gradio_client, one client, then all clients
-at once, each client with its own gradio_client `Client` (its own session, as separate users
-are); and, as a script that reuses one `Client` does, a second request right after a first on the
-same `Client` ("shared"). The clients of the many-client phase connect first and submit together
-(users open the page before they press Generate); that phase runs twice, with gradio_client
-(`app_n`) and with the page's own protocol (`app_n_page`: `client.page_stream`, what a browser tab
-sends, without gradio_client's per-job threads in the benchmark's process). Per client: tokens/s
-over the decode (the tokens after the first token event over the time since it), time to first
-token (from the submit;
-`engine_ttft_s`: until the engine thread emitted it; `api_s`: until the app's handler started,
-`accept_s`: until the engine thread took the request in), and the largest gap between events, with
-where each event was on the server (`t_engine`: the engine thread emitted it, `t_sent`: the API
-yielded it) so a gap can be placed: engine, hand-over, or transport.
-Clients together: all their tokens over the time from the submits to the last token. Each kind is
+worker freezes it once ready) streams each prompt at batch 1 and generates `--clients` prompts at
+once. Then `python app.py` starts on the same device, is warmed up the same way (one request, then
+all clients at once), and the same prompts stream through its `stream_tokens` API with
+gradio_client: one client (`app_1`, a new `Client`), a second request right after a first on one
+`Client` (`app_1_shared_client`, as a script does), then all clients at once (`app_n`), each in a
+process of its own with its own `Client` (its own session, as separate users are;
+`vegas_studio_app.load_clients`). The clients connect first and submit together (users open the
+page before they press Generate). The many-client phase runs again with the page's own protocol
+(`app_n_page`: `client.page_stream`, what a browser tab sends).
+
+Per client: tokens/s over the decode (the tokens after the first token event over the time since
+it), time to first token from the submit (`engine_ttft_s`: until the engine emitted it; `api_s`:
+until the app's handler started; `accept_s`: until the engine took the request in), and the largest
+gap between events, with where each event was on the server (`t_engine`: the engine emitted it,
+`t_sent`: the API yielded it) so a gap can be placed: engine, hand-over, or transport. Clients
+together: all their tokens over the time from the first submit to the last token. Each kind is
 measured `--repeats` times and the median run reported. `ratio` fields: app / engine at the same
 batch. Greedy, chat prompts of `--prompt-tokens` tokens of real text, `--max-tokens` generated (both
 stop at the same end-of-sequence token, if one comes first).
@@ -33,6 +32,8 @@ import sys
 import tempfile
 import threading
 import time
+
+from vegas_studio_app.load_clients import ClientProcesses, decode_rate, timed_stream
 
 from . import common, texts
 
@@ -94,7 +95,8 @@ def run(args, argv: list[str]) -> str:
         soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
                                 clients=args.clients, soak=soak, deterministic=args.deterministic,
-                                engine="in the server's process" if args.engine_in_process else "own process")
+                                engine="in the server's process" if args.engine_in_process else "own process",
+                                client_processes=True)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio"]
@@ -147,7 +149,7 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
                     if ev.new_token_ids:
                         stamps.append(time.perf_counter())
                         counts.append(len(ev.new_token_ids))
-                return dict(tokens=sum(counts), tokens_per_s=_rate(counts, stamps))
+                return dict(tokens=sum(counts), tokens_per_s=decode_rate(counts, stamps))
 
             def batch():
                 t = time.perf_counter()
@@ -173,16 +175,9 @@ def median_run(measure, repeats: int) -> dict:
     return dict(runs[len(runs) // 2], runs_tokens_per_s=[r["tokens_per_s"] for r in runs])
 
 
-def _rate(event_tokens: list[int], stamps: list[float]) -> float | None:
-    """Decode tokens/s between the first and the last token event: the tokens that came after the
-    first event over the time since it."""
-    if len(stamps) < 2:
-        return None
-    return (sum(event_tokens) - event_tokens[0]) / (stamps[-1] - stamps[0])
-
-
 class AppServer:
-    """`python app.py` on a free port for the benchmark's model and device, with a client."""
+    """`python app.py` on a free port for the benchmark's model and device, and `--clients`
+    client processes for it."""
 
     def __init__(self, args):
         self.args = args
@@ -217,65 +212,27 @@ class AppServer:
                 raise RuntimeError(f"app.py did not start:\n{self.log.read()[-4000:]}")
             try:
                 if self.new_client().predict(api_name="/pool").get("state") == "ready":
-                    from vegas_studio_app.client import stream_tokens_fn_index
-                    self.fn_index = stream_tokens_fn_index(self.url)
-                    return self
+                    break
             except Exception:    # not serving yet, or the model still loading
                 pass
             time.sleep(1)
+        from vegas_studio_app.client import stream_tokens_fn_index
+        self.clients = ClientProcesses(self.url, self.args.clients, self.args.max_tokens,
+                                       stream_tokens_fn_index(self.url))
+        return self
 
     def new_client(self):
         return self.Client(self.url, verbose=False)
 
-    def new_http(self):
-        import httpx
-        return httpx.Client(timeout=300)
-
     def __exit__(self, *exc):
+        if getattr(self, "clients", None) is not None:
+            self.clients.close()
         self.proc.terminate()
         self.proc.wait(timeout=60)
 
-    def stream(self, prompt: str, method: str, client=None, start: threading.Barrier | None = None,
-               page: bool = False) -> dict:
-        """One streamed request (on `client`, else a new one; submitted once `start` releases, if
-        given): tokens/s between the first and last token events, TTFT from the submit, the largest
-        gap between events and where each event was on the server. `page`: by the page's protocol
-        (`client` is then an httpx.Client), not gradio_client."""
-        from vegas_studio_app.client import page_stream, stream_job
-        client = client or (self.new_http() if page else self.new_client())
-        if start is not None:
-            start.wait()
-        t0 = time.time()
-        if page:
-            outs = page_stream(self.url, prompt, method, self.args.max_tokens, True, 0.0,
-                               fn_index=self.fn_index, client=client)
-        else:
-            job = client.submit(prompt, method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
-            outs = stream_job(job)
-        events, api, accepted, final = [], None, None, {}
-        for out in outs:
-            if not out.get("finished"):
-                events.append((time.time(), len(out["token_ids"]), out.get("t_engine"), out.get("t_sent")))
-                api, accepted = out.get("t_api"), out.get("t_accepted")
-            else:
-                final = out
-        if not page:
-            final = job.result()
-        if final.get("error"):
-            raise RuntimeError(f"{method}: {final['error']}")
-        arrivals = [e[0] for e in events]
-        n_tokens = sum(e[1] for e in events)
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
-        engine_gaps = [b[2] - a[2] for a, b in zip(events, events[1:]) if a[2] and b[2]]
-        return dict(tokens=n_tokens, events=len(events), tokens_per_s=_rate([e[1] for e in events], arrivals),
-                    t_submit=t0, t_last=arrivals[-1] if arrivals else None,
-                    ttft_s=arrivals[0] - t0 if arrivals else None, max_gap_s=max(gaps, default=None),
-                    engine_ttft_s=events[0][2] - t0 if events and events[0][2] else None,
-                    api_s=api - t0 if api else None, accept_s=accepted - t0 if accepted else None,
-                    first_to_last_s=arrivals[-1] - arrivals[0] if arrivals else None,
-                    max_engine_gap_s=max(engine_gaps, default=None),
-                    max_send_delay_s=max((e[0] - e[3] for e in events if e[3]), default=None),
-                    max_handover_s=max((e[3] - e[2] for e in events if e[2] and e[3]), default=None))
+    def stream(self, prompt: str, method: str, client=None) -> dict:
+        """One streamed request on `client` (else a new one), timed by `load_clients.timed_stream`."""
+        return timed_stream(self.url, prompt, method, self.args.max_tokens, client or self.new_client())
 
     def soak(self, prompts: list[str], methods: list[str], seconds: float) -> dict:
         """Clients streaming continuously for `seconds`, each on its own `Client`; every few seconds
@@ -329,24 +286,10 @@ class AppServer:
                     gpu_mb=[m[1] for m in memory])
 
     def together(self, prompts: list[str], method: str, page: bool = False) -> dict:
-        """Every prompt streamed by its own client, submitted at once: the tokens of all over the
-        time from the submits to the last token. Each client connects first (as users open the
-        page before they press Generate): a `Client` fetching the app's API description while the
-        others stream is not what is measured. `page`: clients speaking the page's protocol."""
-        results: list = [None] * len(prompts)
-        clients = [self.new_http() if page else self.new_client() for _ in prompts]
-        start = threading.Barrier(len(prompts))
-
-        def one(i):
-            results[i] = self.stream(prompts[i], method, clients[i], start, page=page)
-
-        threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
-        if any(r is None for r in results):
-            raise RuntimeError(f"{method}: a client failed")
+        """Every prompt streamed by a client of its own, each in its own process, submitted at once
+        once all have connected: all their tokens over the time from the first submit to the last
+        token. `page`: clients speaking the page's protocol, else gradio_client."""
+        results = self.clients.together(prompts, method, page)
         wall = max(r["t_last"] for r in results) - min(r["t_submit"] for r in results)
         total = sum(r["tokens"] for r in results)
         return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
