@@ -138,7 +138,7 @@ class ClientProcesses:
             raise self._broken(f"client {i} sent nothing for {REPLY_TIMEOUT_S:.0f} s")
         try:
             return conn.recv()
-        except EOFError:
+        except (EOFError, OSError):      # closed or reset: the process is gone
             raise self._exited(i) from None
 
     def together(self, prompts: list[str], method: str, page: bool = False) -> list[dict]:
