@@ -33,8 +33,6 @@ import tempfile
 import threading
 import time
 
-from vegas_studio_app.load_clients import ClientProcesses, decode_rate, timed_stream
-
 from . import common, texts
 
 INSTRUCTION = "Summarise what the following source file provides:\n\n"
@@ -129,6 +127,7 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
     from ..options import EngineOptions
     from ..sampling import SamplingParams
     from ..spec import SpecParams
+    from vegas_studio_app.load_clients import decode_rate
     sampling = SamplingParams(max_tokens=args.max_tokens)
     out = {m: {} for m in args.methods}
     for trace in (False, True):
@@ -217,6 +216,7 @@ class AppServer:
                 pass
             time.sleep(1)
         from vegas_studio_app.client import stream_tokens_fn_index
+        from vegas_studio_app.load_clients import ClientProcesses
         self.clients = ClientProcesses(self.url, self.args.clients, self.args.max_tokens,
                                        stream_tokens_fn_index(self.url))
         return self
@@ -232,6 +232,7 @@ class AppServer:
 
     def stream(self, prompt: str, method: str, client=None) -> dict:
         """One streamed request on `client` (else a new one), timed by `load_clients.timed_stream`."""
+        from vegas_studio_app.load_clients import timed_stream
         return timed_stream(self.url, prompt, method, self.args.max_tokens, client or self.new_client())
 
     def soak(self, prompts: list[str], methods: list[str], seconds: float) -> dict:
