@@ -8,7 +8,6 @@ reached the app 0.1-0.15 s later than from the page's protocol (bench/NOTES.md v
 from __future__ import annotations
 
 import multiprocessing
-import threading
 import time
 
 from .client import page_stream, stream_job
@@ -28,14 +27,12 @@ def new_client(url: str, page: bool):
 
 
 def timed_stream(url: str, prompt: str, method: str, max_tokens: int, client, page: bool = False,
-                 fn_index: int | None = None, start: threading.Barrier | None = None) -> dict:
-    """One greedy chat request streamed on `client` (submitted once `start` releases, if given):
-    tokens/s between the first and last token events, time to first token from the submit, the
-    largest gap between events, and where each event was on the server (`t_engine`: the engine
-    emitted it, `t_sent`: the API yielded it), so that a gap can be placed: engine, hand-over or
-    transport. `page`: by the page's protocol (`client` an httpx.Client), else gradio_client."""
-    if start is not None:
-        start.wait()
+                 fn_index: int | None = None) -> dict:
+    """One greedy chat request streamed on `client`: tokens/s between the first and last token
+    events, time to first token from the submit, the largest gap between events, and where each
+    event was on the server (`t_engine`: the engine emitted it, `t_sent`: the API yielded it), so
+    that a gap can be placed: engine, hand-over or transport. `page`: by the page's protocol
+    (`client` an httpx.Client), else gradio_client."""
     t0 = time.time()
     if page:
         outs = page_stream(url, prompt, method, max_tokens, True, 0.0, fn_index=fn_index, client=client)
