@@ -153,7 +153,7 @@ class ClientProcesses:
             if kind == "ready":
                 self._send(i, go)
         done = [self._reply(i) for i in range(len(self.conns))] if go else ready
-        errors = [f"client {i}: {what}" for i, (kind, what) in enumerate(done) if kind != "ok"]
+        errors = [f"client {i}: {what}" for i, (kind, what) in enumerate(done) if kind == "error"]
         if errors:
             raise RuntimeError(f"{method}: " + "; ".join(errors))
         return [what for _, what in done]

@@ -55,6 +55,15 @@ def test_a_client_process_that_dies_is_reported(app_server):
         c.close()
 
 
+def test_clients_that_cannot_connect_are_named():
+    from tests.vegas_studio_app.conftest import free_port
+    url = f"http://127.0.0.1:{free_port()}/"                 # nothing serves there
+    with ClientProcesses(url, 2, MAX_TOKENS, fn_index=0) as c:
+        with pytest.raises(RuntimeError) as e:
+            c.together(PROMPTS, "vanilla")
+    assert "client 0: " in str(e.value) and "client 1: " in str(e.value)
+
+
 def test_decode_rate_counts_the_tokens_after_the_first_event():
     # 16 tokens in the first event (a chain), then 3 events of 16 over 0.3 s: 48 tokens / 0.3 s
     assert decode_rate([16, 16, 16, 16], [1.0, 1.1, 1.2, 1.3]) == pytest.approx(160.0)
