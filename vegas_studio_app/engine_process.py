@@ -153,6 +153,7 @@ class ProcessWorker(EngineWorker):
             self._event(rid, LiveEvent([], "", [], None, {}, finished=True, finish_reason="error",
                                        error=message))
 
+
 class _Commands:
     """`EngineWorker._commands` for the parent: each (kind, arg, future) goes down the pipe, and the
     future is settled when the child's reply comes back."""
