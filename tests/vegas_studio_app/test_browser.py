@@ -350,7 +350,7 @@ def test_run_selector_is_shared_by_every_tab(page):
     open_tab(page, "Generate")
     assert "showing run #" in status_text(page)
     choose(page, "run-select", "Generate · stream")               # back to the stream run for the exports
-    page.wait_for_function("() => document.querySelector('#counters .vs-status').textContent.includes('showing run')"
+    page.wait_for_function("() => (document.querySelector('#counters .vs-status')?.textContent ?? '').includes('showing run')"
                            " && document.querySelectorAll('#token-stream .vs-tok:not(.vs-rejected)').length == 12")
 
 
@@ -506,7 +506,7 @@ def test_stop_mid_stream_frees_the_kv_pages(page, app_server):
     set_number(page, "max-tokens", 400)
     page.click("#generate-btn")
     page.wait_for_function(
-        "() => document.querySelector('#counters .vs-status').textContent.startsWith('generating')"
+        "() => (document.querySelector('#counters .vs-status')?.textContent ?? '').startsWith('generating')"
         " && document.querySelectorAll('#token-stream .vs-tok').length >= 3", timeout=STREAM_TIMEOUT_MS)
     page.click("#stop-btn")
     page.wait_for_selector("#counters .vs-status:has-text('stopped')", timeout=60_000)
