@@ -57,21 +57,35 @@ def stream_tokens_fn_index(url: str) -> int:
     return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stream_tokens")
 
 
+def open_page_session(url: str, client) -> str:
+    """A new session of the page's protocol, opened as a page load opens it: its first call makes
+    Gradio build the session's state (a copy of every component's config: ~17 ms for this page on
+    one CPU core, on the server's event loop), so a tab pays that once, when it loads, not when its
+    user presses Generate. `client`: an httpx.Client. Returns the session hash for `page_stream`."""
+    session = uuid.uuid4().hex[:11]
+    client.post(url.rstrip("/") + "/gradio_api/run/pool",
+                json={"data": [], "session_hash": session}).raise_for_status()
+    return session
+
+
 def page_stream(url: str, prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
-                temperature: float = 0.0, fn_index: int | None = None, client=None) -> Iterator[dict]:
+                temperature: float = 0.0, fn_index: int | None = None, client=None,
+                session: str | None = None) -> Iterator[dict]:
     """`stream_tokens` as the page calls it: POST `queue/join`, then read the session's
     `queue/data` event stream, applying each message's diff to the one before. Yields the same
     dicts as `stream_tokens`, ending with the final one; raises RuntimeError if the server reports
     an error or closes the stream without a final message. Leaving the loop early closes the event
     stream; the app stops a request nobody reads (`--abandon-after`). `fn_index`: from
-    `stream_tokens_fn_index` (fetched when not given); `client`: an httpx.Client to reuse."""
+    `stream_tokens_fn_index` (fetched when not given); `client`: an httpx.Client to reuse;
+    `session`: a session from `open_page_session` (a tab's; else a new one, whose state the
+    server builds as the request joins)."""
     import httpx
     from gradio_client.utils import apply_diff
     base = url.rstrip("/") + "/gradio_api/"
     fn = stream_tokens_fn_index(url) if fn_index is None else fn_index
     http = client or httpx.Client(timeout=300)
     try:
-        session = uuid.uuid4().hex[:11]
+        session = session or uuid.uuid4().hex[:11]
         http.post(base + "queue/join", json={"data": [prompt, method, max_tokens, chat, temperature],
                                              "fn_index": fn, "session_hash": session, "event_data": None,
                                              "trigger_id": None}).raise_for_status()

@@ -4,13 +4,16 @@ and `ClientProcesses`, clients in processes of their own that submit together wh
 Eight clients are eight users on eight machines, not eight threads of the measuring process: there
 they share one interpreter lock, and eight gradio_client jobs submitted at once from one process
 reached the app 0.1-0.15 s later than from the page's protocol (bench/NOTES.md versions 66 and 68).
+Each client opens its session before it is told to go, as a page does when it loads: Gradio builds a
+new session's state at its first call, ~17 ms for this page on the server's event loop, so eight new
+sessions at once held the last handler back by ~0.13 s (bench/NOTES.md version 70).
 """
 from __future__ import annotations
 
 import multiprocessing
 import time
 
-from .client import page_stream, stream_job
+from .client import open_page_session, page_stream, stream_job
 
 # Long enough for a request at the app's largest prompt on the CPU; a client silent for longer is stuck.
 REPLY_TIMEOUT_S = 900.0
@@ -26,16 +29,26 @@ def new_client(url: str, page: bool):
     return Client(url, verbose=False)
 
 
+def open_session(url: str, client, page: bool) -> str | None:
+    """Open `client`'s session on the app, as a page load does (`client.open_page_session`): the
+    session hash for the page's protocol; a gradio_client `Client` keeps its own (None)."""
+    if page:
+        return open_page_session(url, client)
+    client.predict(api_name="/pool")
+    return None
+
+
 def timed_stream(url: str, prompt: str, method: str, max_tokens: int, client, page: bool = False,
-                 fn_index: int | None = None) -> dict:
+                 fn_index: int | None = None, session: str | None = None) -> dict:
     """One greedy chat request streamed on `client`: tokens/s between the first and last token
     events, time to first token from the submit, the largest gap between events, and where each
     event was on the server (`t_engine`: the engine emitted it, `t_sent`: the API yielded it), so
     that a gap can be placed: engine, hand-over or transport. `page`: by the page's protocol
-    (`client` an httpx.Client), else gradio_client."""
+    (`client` an httpx.Client; `session` from `open_session`, else a new one), else gradio_client."""
     t0 = time.time()
     if page:
-        outs = page_stream(url, prompt, method, max_tokens, True, 0.0, fn_index=fn_index, client=client)
+        outs = page_stream(url, prompt, method, max_tokens, True, 0.0, fn_index=fn_index, client=client,
+                           session=session)
     else:
         job = client.submit(prompt, method, max_tokens, True, 0.0, api_name="/stream_tokens")
         outs = stream_job(job)
@@ -74,16 +87,18 @@ def decode_rate(event_tokens: list[int], stamps: list[float]) -> float | None:
 
 
 def _client_main(conn, url: str, max_tokens: int, fn_index: int) -> None:
-    """A client process: for each (prompt, method, page) it connects, says "ready", and on "go"
-    streams and sends back ("ok", `timed_stream`'s dict) or ("error", what went wrong)."""
+    """A client process: for each (prompt, method, page) it connects and opens its session
+    (`open_session`), says "ready", and on "go" streams and sends back ("ok", `timed_stream`'s
+    dict) or ("error", what went wrong)."""
     while (task := conn.recv()) is not None:
         prompt, method, page = task
         client = None
         try:
             client = new_client(url, page)
+            session = open_session(url, client, page)
             conn.send(("ready", None))
             if conn.recv():
-                conn.send(("ok", timed_stream(url, prompt, method, max_tokens, client, page, fn_index)))
+                conn.send(("ok", timed_stream(url, prompt, method, max_tokens, client, page, fn_index, session)))
         except Exception as e:      # reported to the measuring process, which raises it
             conn.send(("error", f"{type(e).__name__}: {e}"))
         finally:
@@ -93,8 +108,8 @@ def _client_main(conn, url: str, max_tokens: int, fn_index: int) -> None:
 
 class ClientProcesses:
     """`n` client processes for the app at `url`; `together` has each stream one prompt, all
-    submitted at once after every client has connected (users open the page before they press
-    Generate). Close when done (a context manager)."""
+    submitted at once after every client has connected and opened its session (users open the
+    page before they press Generate). Close when done (a context manager)."""
 
     def __init__(self, url: str, n: int, max_tokens: int, fn_index: int):
         ctx = multiprocessing.get_context("spawn")    # no copy of the measuring process's threads or torch
