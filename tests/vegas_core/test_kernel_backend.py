@@ -4,8 +4,9 @@ per-request reference selection picks.
 
 A tiny 2-layer Llama (4 query heads, 2 KV heads) in float32, so the two paths differ only by
 summation order (~1e-6) and the verification logits the kernel path keeps in bf16. Prompts are
-longer than the 17 rows the verification kernel takes, so prefill runs the SDPA path; decode,
-verification, drafts, selection and Quest run the kernels.
+longer than the 17 rows the verification kernel takes, so prefill runs in pieces of the
+verification kernel (their contexts are under `PIECES_MAX_CONTEXT`; `prefill_route` also sends them
+to the reference's SDPA); decode, verification, drafts, selection and Quest run the kernels.
 """
 import os
 
@@ -14,7 +15,7 @@ import torch
 
 from tests.engine_helpers import run_forked
 from vegas_core.engine_core import EngineCore
-from vegas_core.options import EngineOptions
+from vegas_core.options import EngineOptions, KernelOptions
 from vegas_core.errors import InvalidRequestError
 from vegas_core.loader import load_model
 from vegas_core.sampling import SamplingParams
@@ -82,6 +83,45 @@ def _overlap(a, b) -> float:
     return len(a & b) / max(1, len(a | b))
 
 
+@pytest.fixture(params=["pieces", "sdpa"])
+def prefill_route(request, monkeypatch):
+    """The default mode's prefill chunks through the verification kernel in pieces, or (a context
+    bound of 0) through the reference's SDPA, as chunks over longer contexts go."""
+    import vegas_core.attention.kernel_backend as kb
+    monkeypatch.setattr(kb, "PIECES_MAX_CONTEXT", 1 << 30 if request.param == "pieces" else 0)
+    return request.param
+
+
+def test_which_prefill_chunks_go_in_pieces():
+    from vegas_core.attention.kernel_backend import PIECES_MAX_CONTEXT, KernelBackend
+    from vegas_core.kernels.verify_attention import MAX_Q_ROWS
+    default, invariant = KernelBackend(1.0), KernelBackend(1.0, options=KernelOptions(deterministic=True))
+    assert default._in_pieces(MAX_Q_ROWS, 10 * PIECES_MAX_CONTEXT)        # verification-sized: the kernel
+    assert default._in_pieces(1024, PIECES_MAX_CONTEXT)
+    assert not default._in_pieces(1024, PIECES_MAX_CONTEXT + 1)           # a long context: SDPA
+    assert invariant._in_pieces(1024, 10 * PIECES_MAX_CONTEXT)            # the same bits at any context
+
+
+def test_prefill_chunks_on_either_route_match_the_reference(tiny, prefill_route):
+    """Prefill steps on the kernel path give the reference path's logits (fp32, 1e-4) on either
+    route: a whole 37-token prompt beside a 70-token one's first 40 tokens, then its other 30 (a
+    chunk after a context, pieces of 17 rows and a last one of 13) beside a one-row decode."""
+    from vegas_core.block_manager import BlockAllocator
+    from vegas_core.model_runner import BatchEntry, ModelRunner
+    runners = {a: ModelRunner(tiny.config, tiny.weights, torch.device(DEVICE), torch.float32, num_blocks=32,
+                              options=EngineOptions(block_size=16, attention=a, cuda_graphs="off"))
+               for a in ("reference", "triton")}
+    alloc = BlockAllocator(32, 16)
+    alloc.ensure(0, 38)
+    alloc.ensure(1, 70)
+    a, b = _prompts()[:2]
+    steps = [[BatchEntry(0, a, 0, logits="all"), BatchEntry(1, b[:40], 0, logits="all")],
+             [BatchEntry(0, [5], 37, logits="all"), BatchEntry(1, b[40:], 40, logits="all")]]
+    for entries in steps:
+        got = {name: runner.forward(entries, alloc, None) for name, runner in runners.items()}
+        torch.testing.assert_close(got["triton"], got["reference"], atol=1e-4, rtol=1e-4)
+
+
 def test_quest_page_must_be_a_block_on_the_kernel_path(tiny):
     core = _core(tiny, "triton")
     with pytest.raises(InvalidRequestError, match="page_size must be 16"):
@@ -105,10 +145,11 @@ def tiny_gemma(tmp_path_factory):
     return load_model(path)
 
 
-def test_gemma_forwards_on_the_kernel_path_match_the_reference(tiny_gemma):
+def test_gemma_forwards_on_the_kernel_path_match_the_reference(tiny_gemma, prefill_route):
     """Each forward the kernel path runs on a hybrid model gives the reference path's logits
-    (fp32, 1e-4): one prefill step holding a 40-token prompt (the windowed SDPA) and a 12-token
-    one (the verification kernel, windowed on sliding layers), a verification of 5 and 3 rows
+    (fp32, 1e-4): one prefill step holding a 40-token prompt (pieces of the verification kernel,
+    or the windowed SDPA: `prefill_route`) and a 12-token one (the verification kernel, windowed
+    on sliding layers), a verification of 5 and 3 rows
     collecting Collect-2-Query's rows (the kernel's collected buffers hold the one global layer,
     its logits equal to the reference's within bf16), and a draft step (the sparse kernel: the
     query's window on sliding layers, the selection on the global one)."""

@@ -4,27 +4,27 @@ the whole batch of a layer, instead of the reference's one request at a time.
 Per forward, at the first layer, the backend sorts the requests into groups and builds their
 tensors once (every layer attends the same batch): a `_Plan`. A CUDA graph (`vegas_core.graphs`)
 builds its plan itself, from its static buffers, and the same code below runs it.
-- dense, at most 17 rows (decode steps, verifications, short prefill chunks): one
-  `verify_attention` launch, collecting the logits of exactly the rows each request's policy asks
-  for into one [layers, rows, heads, width] buffer (`LogitCollector.layer_logits`); when every
-  collected row is its request's first or last (Collect-2-Query), through the kernel's small
-  first/last tile;
+- dense, at most 17 rows (decode steps, verifications; prefill chunks over at most
+  `PIECES_MAX_CONTEXT` keys cut into pieces of 17 rows): one `verify_attention` launch,
+  collecting the logits of exactly the rows each request's policy asks for into one [layers,
+  rows, heads, width] buffer (`LogitCollector.layer_logits`); when every collected row is its
+  request's first or last (Collect-2-Query), through the kernel's small first/last tile;
 - drafts with a fixed selection (vegas, vegas-all, specextend, stream): one `sparse_attention`
   call over their [L, B, G, K] index tensor plus each request's tail;
 - Quest drafts: per granularity, page scores from the draft query against the pool's block bounds
   (`kernels.select.quest_page_scores`), the top pages (`quest_positions`), then `sparse_attention`;
-- longer prefill chunks: the reference's fused SDPA, one request at a time.
+- prefill chunks over longer contexts: the reference's fused SDPA, one request at a time.
 
 Sliding-window layers (`windows`, Gemma 3's local layers) pass their window to the same kernels,
 which start each row at its own window on the device and skip the pages before it: dense groups
 attend windowed and collect nothing (the collected buffers hold the global layers only,
 `collect_slot`), draft groups of every method attend the query's window whole (no selection, no
-Quest scoring), long prefill chunks take the reference's windowed attention.
+Quest scoring), prefill chunks over longer contexts take the reference's windowed attention.
 
 With `KernelOptions.deterministic` (the batch-invariant mode) every call takes one launch
 (`verify_attention.batch_invariant_launch` of `KernelOptions.invariant`; drafts
-`sparse_attention.INVARIANT_SPLITS` splits, one program per KV head), and longer prefill chunks go
-through `verify_attention` as well, cut into pieces of as many rows as its tile holds (a smaller
+`sparse_attention.INVARIANT_SPLITS` splits, one program per KV head), and prefill chunks of any
+context go through `verify_attention`, cut into pieces of as many rows as its tile holds (a smaller
 tile's in row chunks: `invariant_piece_rows`), each program folding its splits in place: a row's
 attention is then the same bits in a prefill chunk of any length, a decode step or a
 verification, whatever the batch.
@@ -52,6 +52,13 @@ from ..spec.views import StreamSelection
 from ..transfer import to_device
 from .metadata import AttentionMetadata
 from .reference import ReferenceBackend
+
+
+# Default mode: prefill chunks whose context is at most this many keys are attended in pieces of the
+# verification kernel (1.2-2x faster than SDPA per request up to SmolLM2's 8K on an H100); longer
+# ones keep the reference's SDPA, which reads each key once per 128-row tile where every piece reads
+# them all, and were not measured (bench/NOTES.md version 71).
+PIECES_MAX_CONTEXT = 8192
 
 
 @dataclass
@@ -138,6 +145,13 @@ class KernelBackend:
         if not self.deterministic:
             return MAX_Q_ROWS
         return invariant_piece_rows(group, self.invariant)
+
+    def _in_pieces(self, q_len: int, ctx: int) -> bool:
+        """Whether a request's dense rows go to `verify_attention` (in pieces of `dense_rows` rows,
+        each a kernel request) rather than the reference's SDPA: always in the batch-invariant mode;
+        else up to `PIECES_MAX_CONTEXT` keys, where one launch a layer for the whole batch beats
+        SDPA's launches per request and layer."""
+        return q_len <= MAX_Q_ROWS or self.deterministic or ctx <= PIECES_MAX_CONTEXT
 
     def invariant_launch(self, head_dim: int, group: int) -> dict:
         """The batch-invariant mode's `verify_attention_into` arguments at this shape."""
@@ -244,14 +258,14 @@ class KernelBackend:
         for i, seq in enumerate(meta.seqs):
             view = seq.sparse
             if view is None:
-                (dense if seq.q_len <= MAX_Q_ROWS or self.deterministic else plan.long).append(i)
+                (dense if self._in_pieces(seq.q_len, meta.context_lens[i]) else plan.long).append(i)
             elif hasattr(view, "num_pages"):
                 quest.setdefault(view.granularity, []).append(i)
             else:
                 fixed.append(i)
         tables = meta.block_tables.to(torch.int32)
         if dense:
-            piece = self.dense_rows(q.shape[1] // pool.k[0].shape[2]) if self.deterministic else 0
+            piece = self.dense_rows(q.shape[1] // pool.k[0].shape[2])
             plan.groups.append(self._dense_group(meta, dense, tables, q, pool,
                                                  collected_layers(self.windows, len(pool.k)),
                                                  self.dense_splits, piece))

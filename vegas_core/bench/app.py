@@ -109,7 +109,9 @@ def run(args, argv: list[str]) -> str:
     if soak is not None:
         print(f"soak {args.soak:.0f} s: {soak['streams_ok']} streams checked, {soak['aborted']} aborted, "
               f"{soak['bad']} bad; pool free {soak['pool_free_end']} of {soak['pool_blocks']}; app RSS "
-              f"{soak['rss_mb'][0]:.0f} -> {soak['rss_mb'][-1]:.0f} MB; GPU memory {soak['gpu_mb'][0]} -> "
+              f"{soak['rss_mb'][0]:.0f} -> {soak['rss_mb'][-1]:.0f} MB (server {soak['rss_server_mb'][0]:.0f} -> "
+              f"{soak['rss_server_mb'][-1]:.0f}, engine {soak['rss_engine_mb'][0]:.0f} -> "
+              f"{soak['rss_engine_mb'][-1]:.0f}); GPU memory {soak['gpu_mb'][0]} -> "
               f"{soak['gpu_mb'][-1]} MB")
     print(f"wrote {path}")
     return path
@@ -239,7 +241,8 @@ class AppServer:
         """Clients streaming continuously for `seconds`, each on its own `Client`; every few seconds
         one cancels its request mid-stream and starts another. Every completed stream must hold
         each token once (events in order, equal to the final output); afterwards the KV pool must
-        be all free. The app's host and GPU memory are sampled throughout."""
+        be all free. The app's host memory (all, the server's process, its children: the engine's)
+        and GPU memory are sampled throughout."""
         stop_at = time.monotonic() + seconds
         counts = dict(streams_ok=0, aborted=0, bad=0)
         errors: list[str] = []
@@ -275,7 +278,8 @@ class AppServer:
             th.start()
         while any(th.is_alive() for th in threads):
             pids = _process_tree(self.proc.pid)
-            memory.append((_rss_mb(pids), _gpu_mb(pids)))
+            # the server's process and its children (the engine's) apart, so a growth can be placed
+            memory.append((_rss_mb(pids), _gpu_mb(pids), _rss_mb(pids[:1]), _rss_mb(pids[1:])))
             time.sleep(2)
         for th in threads:
             th.join()
@@ -284,7 +288,8 @@ class AppServer:
         return dict(seconds=seconds, clients=len(prompts), **counts, errors=errors[:20],
                     pool_free_end=pool["num_free"], pool_blocks=pool["num_blocks"],
                     active_end=pool["active_requests"], rss_mb=[m[0] for m in memory],
-                    gpu_mb=[m[1] for m in memory])
+                    gpu_mb=[m[1] for m in memory], rss_server_mb=[m[2] for m in memory],
+                    rss_engine_mb=[m[3] for m in memory])
 
     def together(self, prompts: list[str], method: str, page: bool = False) -> dict:
         """Every prompt streamed by a client of its own, each in its own process, submitted at once
