@@ -8,8 +8,9 @@ gradio_client: one client (`app_1`, a new `Client`), a second request right afte
 `Client` (`app_1_shared_client`, as a script does), then all clients at once (`app_n`), each in a
 process of its own with its own `Client` (its own session, as separate users are;
 `vegas_studio_app.load_clients`). The clients connect and open their sessions first, then submit
-together (users open the page before they press Generate; the one-client runs use a new session). The many-client phase runs again with the page's own protocol
-(`app_n_page`: `client.page_stream`, what a browser tab sends).
+together (users open the page before they press Generate; the one-client runs use a new session).
+The many-client phase runs again with the page's own protocol (`app_n_page`: `client.page_stream`,
+what a browser tab sends).
 
 Per client: tokens/s over the decode (the tokens after the first token event over the time since
 it), time to first token from the submit (`engine_ttft_s`: until the engine emitted it; `api_s`:
@@ -293,8 +294,9 @@ class AppServer:
 
     def together(self, prompts: list[str], method: str, page: bool = False) -> dict:
         """Every prompt streamed by a client of its own, each in its own process, submitted at once
-        once all have connected and opened their sessions: all their tokens over the time from the first submit to the last
-        token. `page`: clients speaking the page's protocol, else gradio_client."""
+        once all have connected and opened their sessions: all their tokens over the time from the
+        first submit to the last token. `page`: clients speaking the page's protocol, else
+        gradio_client."""
         results = self.clients.together(prompts, method, page)
         wall = max(r["t_last"] for r in results) - min(r["t_submit"] for r in results)
         total = sum(r["tokens"] for r in results)
