@@ -73,7 +73,7 @@ class _Dense:
     c2q_tile: bool = False           # every collected row is its request's first or last
     logits: torch.Tensor | None = None     # bf16 [Lc, R, H, W]: collected logits, every collecting
     lse: torch.Tensor | None = None        # layer (`collected_layers`); float32 [Lc, rows, H]
-    in_program: bool = False         # batch-invariant prefill: splits one after another per program
+    in_program: bool = False         # prefill: splits one after another per program (batch-invariant mode only)
 
 
 @dataclass

@@ -280,7 +280,8 @@ class AppServer:
         while any(th.is_alive() for th in threads):
             pids = _process_tree(self.proc.pid)
             # the server's process and its children (the engine's) apart, so a growth can be placed
-            memory.append((_rss_mb(pids), _gpu_mb(pids), _rss_mb(pids[:1]), _rss_mb(pids[1:])))
+            server, engine = _rss_mb(pids[:1]), _rss_mb(pids[1:])
+            memory.append((server + engine, _gpu_mb(pids), server, engine))
             time.sleep(2)
         for th in threads:
             th.join()
