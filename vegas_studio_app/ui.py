@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import gradio as gr
@@ -235,6 +236,15 @@ def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> 
     return demo
 
 
+def quiet_queue_analytics() -> None:
+    """Call before building the Blocks (their queue reads these). After every event Gradio's queue
+    rebuilds a pandas table of its last 10,000 events for its /monitoring page, which this app does
+    not serve: 2.5-12 ms of the server's interpreter per event, and Arrow buffers that grew the
+    server's memory with every request (bench/NOTES.md version 72). A value set in the environment wins."""
+    os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", str(2**62))
+    os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vegas-studio", description="Vegas Studio")
     p.add_argument("--model", default=None, help="GGUF file, Hugging Face directory or packaged model name "
@@ -280,10 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --abandon-after must be > 0, got {args.abandon_after:g}", file=sys.stderr)
         return 2
     studio = Studio(worker, results_dir=args.results_dir, abandon_after_s=args.abandon_after)
+    quiet_queue_analytics()
     demo = build_ui(studio, args.concurrency, args.model)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,
-                footer_links=["api"], css=CSS, theme=THEME, show_error=False, quiet=False)
+                footer_links=["api"], css=CSS, theme=THEME, show_error=False, quiet=False,
+                enable_monitoring=False)
     return 0
 
 

@@ -14,16 +14,16 @@ tokens, a stop) output a prefix of its accepted drafts and final token.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from vegas_core.trace.aggregates import MEAN_ACCEPTANCE_LENGTH
 
 from ._common import FATE_COLORS, FATE_LABELS, esc, token_text
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):     # a tuple: a trace at the upload limit makes ~110K of them per render
     token_id: int
     text: str
     kind: str          # accepted | correction | bonus | decode | rejected
@@ -39,6 +39,14 @@ def stream_pieces(iterations: Sequence, token_texts: Mapping[int, str] | None,
     limit = len(output_token_ids) if output_token_ids is not None else None
     pieces: list[Piece] = []
     emitted = 0
+    texts: dict[int, str] = {}          # token id -> text: a vocabulary's worth of lookups, not one a piece
+
+    def token(tid: int) -> str:
+        text = texts.get(tid)
+        if text is None:
+            text = texts[tid] = token_text(token_texts, tid)
+        return text
+
     for it in iterations:
         n = it.index + 1
         out = list(it.emitted)
@@ -48,30 +56,34 @@ def stream_pieces(iterations: Sequence, token_texts: Mapping[int, str] | None,
                     return pieces
                 emitted += 1
                 title = f"iteration {n}, draft {j + 1}: accepted (q={d.draft_prob:.3f}, p={d.target_prob:.3f})"
-                pieces.append(Piece(d.token_id, token_text(token_texts, d.token_id), "accepted", n, title))
+                pieces.append(Piece(d.token_id, token(d.token_id), "accepted", n, title))
                 continue
             why = "rejected" if j == it.num_accepted else "not checked (after the first rejection)"
             title = f"iteration {n}, draft {j + 1}: {why} (q={d.draft_prob:.3f}, p={d.target_prob:.3f})"
-            pieces.append(Piece(d.token_id, token_text(token_texts, d.token_id), "rejected", n, title))
+            pieces.append(Piece(d.token_id, token(d.token_id), "rejected", n, title))
         if len(out) <= it.num_accepted or (limit is not None and emitted >= limit):
             return pieces
         emitted += 1
         kind = it.final_kind
-        pieces.append(Piece(it.final_token, token_text(token_texts, it.final_token), kind, n,
+        pieces.append(Piece(it.final_token, token(it.final_token), kind, n,
                             f"iteration {n}: {FATE_LABELS[kind]}"))
     if output_token_ids is not None and emitted < len(output_token_ids) and not pieces:
         for tid in output_token_ids:
-            pieces.append(Piece(tid, token_text(token_texts, tid), "decode", 0, "no iteration record"))
+            pieces.append(Piece(tid, token(tid), "decode", 0, "no iteration record"))
     return pieces
 
 
-def _piece_html(p: Piece) -> str:
-    style = f"background:{FATE_COLORS[p.kind]};"
-    if p.kind == "rejected":
-        style += "text-decoration:line-through;color:#c92a2a;"
-    text = esc(p.text).replace("\n", "↵<br>")
+_STYLES = {k: f"background:{c};" + ("text-decoration:line-through;color:#c92a2a;" if k == "rejected" else "")
+           for k, c in FATE_COLORS.items()}
+
+
+def _piece_html(p: Piece, text_html: dict[str, str]) -> str:
+    """One token's span; `text_html` caches each distinct text's escaped markup across a render."""
+    text = text_html.get(p.text)
+    if text is None:
+        text = text_html[p.text] = esc(p.text).replace("\n", "↵<br>")
     return (f'<span class="vs-tok vs-{p.kind}" data-kind="{p.kind}" data-iter="{p.iteration}" '
-            f'data-token="{p.token_id}" title="{esc(p.title)}" style="{style}">{text}</span>')
+            f'data-token="{p.token_id}" title="{esc(p.title)}" style="{_STYLES[p.kind]}">{text}</span>')
 
 
 STREAM_CSS = """
@@ -96,9 +108,11 @@ def token_stream_html(pieces: Sequence[Piece], show_rejected: bool = False, plac
     """The coloured stream; rejected drafts are in the markup but hidden unless `show_rejected` (or an
     ancestor element has class `show-rejected`, which the app toggles without re-rendering)."""
     cls = "vs-stream show-rejected" if show_rejected else "vs-stream"
-    body = "".join(_piece_html(p) for p in pieces) or f'<span class="vs-placeholder">{esc(placeholder)}</span>'
+    text_html: dict[str, str] = {}
+    body = "".join([_piece_html(p, text_html) for p in pieces]) or f'<span class="vs-placeholder">{esc(placeholder)}</span>'
     style = f"<style>{STREAM_CSS}</style>" if include_style else ""
-    counts = {k: sum(p.kind == k for p in pieces) for k in FATE_COLORS}
+    kinds = Counter(p.kind for p in pieces)
+    counts = {k: kinds[k] for k in FATE_COLORS}
     data = " ".join(f'data-{k}="{n}"' for k, n in counts.items())
     return f'{style}{legend_html()}<div class="{cls}" {data}>{body}</div>'
 
