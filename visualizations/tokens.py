@@ -109,7 +109,8 @@ def token_stream_html(pieces: Sequence[Piece], show_rejected: bool = False, plac
     ancestor element has class `show-rejected`, which the app toggles without re-rendering)."""
     cls = "vs-stream show-rejected" if show_rejected else "vs-stream"
     text_html: dict[str, str] = {}
-    body = "".join([_piece_html(p, text_html) for p in pieces]) or f'<span class="vs-placeholder">{esc(placeholder)}</span>'
+    body = ("".join([_piece_html(p, text_html) for p in pieces])
+            or f'<span class="vs-placeholder">{esc(placeholder)}</span>')
     style = f"<style>{STREAM_CSS}</style>" if include_style else ""
     kinds = Counter(p.kind for p in pieces)
     counts = {k: kinds[k] for k in FATE_COLORS}
