@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def no_model_page():
+    """The app's page with no model, served from this process (so the server's Gradio state can be
+    looked at): yields (Blocks, url)."""
+    from vegas_studio_app.studio import Studio
+    from vegas_studio_app.ui import build_ui
+    demo = build_ui(Studio(None, results_dir="bench/results", abandon_after_s=30), 4, None)
+    demo.queue()
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo, f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
 
 
 def drain(handle, timeout=120) -> list:

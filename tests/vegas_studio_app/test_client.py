@@ -6,21 +6,13 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from tests.vegas_studio_app.conftest import free_port  # noqa: E402
+from tests.vegas_studio_app.conftest import no_model_page  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def page_app():
-    from vegas_studio_app.studio import Studio
-    from vegas_studio_app.ui import build_ui
-    demo = build_ui(Studio(None, results_dir="bench/results", abandon_after_s=30), 4, None)
-    demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield demo, f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    with no_model_page() as app:
+        yield app
 
 
 def test_a_page_session_is_opened_before_its_first_request(page_app):

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("gradio")
 
-from tests.vegas_studio_app.conftest import free_port  # noqa: E402
+from tests.vegas_studio_app.conftest import no_model_page  # noqa: E402
 
 QUEUE_ANALYTICS = ("GRADIO_ANALYTICS_CACHE_FREQUENCY", "GRADIO_ANALYTICS_MAX_EVENTS")
 
@@ -26,24 +26,17 @@ def test_the_queue_rebuilds_no_analytics_table_per_event(monkeypatch, quiet):
     test would notice a Gradio that changed how."""
     from gradio_client import Client
 
-    from vegas_studio_app.studio import Studio
-    from vegas_studio_app.ui import build_ui, quiet_queue_analytics
+    from vegas_studio_app.ui import quiet_queue_analytics
     _unset(monkeypatch, *QUEUE_ANALYTICS)
     if quiet:
         quiet_queue_analytics()
-    demo = build_ui(Studio(None, results_dir="bench/results", abandon_after_s=30), 4, None)
-    demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    with no_model_page() as (demo, url):
+        client = Client(url, verbose=False)
         for _ in range(3):
             assert client.predict(api_name="/pool")["state"] == "no-model"
         queue = demo._queue
         assert (queue.cached_event_analytics_summary == {"functions": {}}) == quiet
         assert (len(queue.event_analytics) <= 1) == quiet
-    finally:
-        demo.close()
 
 
 def test_a_setting_in_the_environment_wins(monkeypatch):
