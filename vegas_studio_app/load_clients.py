@@ -13,7 +13,7 @@ from __future__ import annotations
 import multiprocessing
 import time
 
-from .client import open_page_session, page_stream, stream_job
+from .client import open_page_session, open_stream_session, page_stream, stream_tokens
 
 # Long enough for a request at the app's largest prompt on the CPU; a client silent for longer is stuck.
 REPLY_TIMEOUT_S = 900.0
@@ -31,10 +31,11 @@ def new_client(url: str, page: bool):
 
 def open_session(url: str, client, page: bool) -> str | None:
     """Open `client`'s session on the app, as a page load does (`client.open_page_session`): the
-    session hash for the page's protocol; a gradio_client `Client` keeps its own (None)."""
+    session hash for the page's protocol; a gradio_client `Client` keeps its own for `stream_tokens`
+    (None)."""
     if page:
         return open_page_session(url, client)
-    client.predict(api_name="/pool")
+    open_stream_session(client)
     return None
 
 
@@ -44,14 +45,14 @@ def timed_stream(url: str, prompt: str, method: str, max_tokens: int, client, pa
     events, time to first token from the submit, the largest gap between events, and where each
     event was on the server (`t_engine`: the engine emitted it, `t_sent`: the API yielded it), so
     that a gap can be placed: engine, hand-over or transport. `page`: by the page's protocol
-    (`client` an httpx.Client; `session` from `open_session`, else a new one), else gradio_client."""
+    (`client` an httpx.Client; `session` from `open_session`, else a new one), else a gradio_client
+    `Client` through `client.stream_tokens`."""
     t0 = time.time()
     if page:
         outs = page_stream(url, prompt, method, max_tokens, True, 0.0, fn_index=fn_index, client=client,
                            session=session)
     else:
-        job = client.submit(prompt, method, max_tokens, True, 0.0, api_name="/stream_tokens")
-        outs = stream_job(job)
+        outs = stream_tokens(client, prompt, method, max_tokens, True, 0.0)
     events, api, accepted, final = [], None, None, {}
     for out in outs:
         if not out.get("finished"):
@@ -59,8 +60,6 @@ def timed_stream(url: str, prompt: str, method: str, max_tokens: int, client, pa
             api, accepted = out.get("t_api"), out.get("t_accepted")
         else:
             final = out
-    if not page:
-        final = job.result()
     if final.get("error"):
         raise RuntimeError(f"{method}: {final['error']}")
     arrivals = [e[0] for e in events]

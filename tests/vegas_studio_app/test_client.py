@@ -41,3 +41,111 @@ def test_a_stream_on_an_opened_session_reports_the_app_s_answer(page_app):
         assert set(sessions) == before                    # no new session: it joined the opened one
         list(page_stream(url, "Hello", "vanilla", 4, client=http))
         assert len(set(sessions) - before) == 1           # without one, the request makes its own
+
+
+TICK_S = 0.01
+
+
+@pytest.fixture(scope="module")
+def ticking_app():
+    """A page with the app's `stream_tokens` signature that sends a token event every TICK_S, each
+    stamped with the time it was sent; records which requests were stopped early."""
+    import threading
+    import time
+
+    import gradio as gr
+    from tests.vegas_studio_app.conftest import free_port
+    stopped, lock = [], threading.Lock()
+
+    def stream(prompt, method, max_tokens, chat, temperature):
+        done = False
+        try:
+            for i in range(int(max_tokens)):
+                time.sleep(TICK_S)
+                yield dict(seq=i, token_ids=[i], text=f"{prompt}{i} ", t_sent=time.time())
+            done = True
+            yield dict(finished=True, finish_reason="length", all_token_ids=list(range(int(max_tokens))))
+        finally:
+            if not done:
+                with lock:
+                    stopped.append(prompt)
+
+    with gr.Blocks() as demo:
+        args = [gr.Textbox(), gr.Textbox(), gr.Number(), gr.Checkbox(), gr.Number()]
+        out = gr.JSON()
+        gr.Button().click(stream, args, out, api_name="stream_tokens")
+        gr.Button().click(lambda: {}, None, out, api_name="pool")
+    demo.queue(default_concurrency_limit=8)
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield demo, f"http://127.0.0.1:{port}/", stopped
+    finally:
+        demo.close()
+
+
+def _delays(events):
+    """How long after the server sent it each token event reached the reader, sorted."""
+    return sorted(arrived - e["t_sent"] for arrived, e in events if not e.get("finished"))
+
+
+def test_stream_tokens_hands_over_each_event_as_it_arrives(ticking_app):
+    """`stream_tokens` reads the event stream itself; gradio_client's own job (the control) hands
+    its reader's messages over every 50 ms, so its events come in bursts, tens of ms late: if a
+    gradio_client release stops doing that, the control fails and the workaround can go."""
+    import statistics
+    import time
+
+    from gradio_client import Client
+    from vegas_studio_app.client import stream_tokens
+    _, url, _ = ticking_app
+    client = Client(url, verbose=False)
+    ours = [(time.time(), e) for e in stream_tokens(client, "a", "vanilla", 60)]
+    assert ours[-1][1]["finished"] and [e["seq"] for _, e in ours[:-1]] == list(range(60))
+    job = client.submit("b", "vanilla", 60, True, 0.0, api_name="/stream_tokens")
+    seen, theirs = 0, []
+    while not job.done() or seen < len(job.outputs()):
+        outs = job.outputs()
+        theirs += [(time.time(), e) for e in outs[seen:]]
+        seen = len(outs)
+        time.sleep(0.001)
+    ours_median, theirs_median = statistics.median(_delays(ours)), statistics.median(_delays(theirs))
+    assert theirs_median > 0.015, f"gradio_client's job now hands events over {1e3 * theirs_median:.1f} ms late"
+    assert ours_median < 0.01, f"median {1e3 * ours_median:.1f} ms from sent to read"
+
+
+def test_leaving_a_stream_early_cancels_the_request_and_keeps_the_session(ticking_app):
+    """The request is stopped at once (not left to the app's unread-stream timeout), and the
+    Client's next stream runs on the same session."""
+    import time
+
+    from gradio_client import Client
+    from vegas_studio_app.client import stream_tokens
+    demo, url, stopped = ticking_app
+    client = Client(url, verbose=False)
+    list(stream_tokens(client, "warm", "vanilla", 2))
+    sessions = set(demo.state_holder.session_data)
+    for i, _ in enumerate(stream_tokens(client, "left", "vanilla", 1000)):
+        if i == 3:
+            break
+    deadline = time.monotonic() + 5
+    while "left" not in stopped and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "left" in stopped
+    outs = list(stream_tokens(client, "after", "vanilla", 5))
+    assert outs[-1]["finished"] and [e["text"] for e in outs[:-1]] == [f"after{i} " for i in range(5)]
+    assert set(demo.state_holder.session_data) == sessions
+
+
+def test_threads_stream_on_one_client_at_once(ticking_app):
+    """Each stream gets its own events, none of another's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gradio_client import Client
+    from vegas_studio_app.client import stream_tokens
+    _, url, _ = ticking_app
+    client = Client(url, verbose=False)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda p: list(stream_tokens(client, p, "vanilla", 20)), "wxyz"))
+    for prompt, outs in zip("wxyz", results):
+        assert [e["text"] for e in outs[:-1]] == [f"{prompt}{i} " for i in range(20)]

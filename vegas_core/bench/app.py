@@ -3,14 +3,14 @@
 First the engine alone (warmed up: graphs captured, kernels compiled; the heap frozen, as the app's
 worker freezes it once ready) streams each prompt at batch 1 and generates `--clients` prompts at
 once. Then `python app.py` starts on the same device, is warmed up the same way (one request, then
-all clients at once), and the same prompts stream through its `stream_tokens` API with
-gradio_client: one client (`app_1`, a new `Client`), a second request right after a first on one
-`Client` (`app_1_shared_client`, as a script does), then all clients at once (`app_n`), each in a
-process of its own with its own `Client` (its own session, as separate users are;
-`vegas_studio_app.load_clients`). The clients connect and open their sessions first, then submit
-together (users open the page before they press Generate; the one-client runs use a new session).
-The many-client phase runs again with the page's own protocol (`app_n_page`: `client.page_stream`,
-what a browser tab sends).
+all clients at once), and the same prompts stream through its `stream_tokens` API with gradio_client
+`Client`s, read as scripts read them (`vegas_studio_app.client.stream_tokens`): one client (`app_1`,
+a new `Client`), a second request right after a first on one `Client` (`app_1_shared_client`, as a
+script does), then all clients at once (`app_n`), each in a process of its own with its own `Client`
+(its own session, as separate users are; `vegas_studio_app.load_clients`). The clients connect and
+open their sessions first, then submit together (users open the page before they press Generate; the
+one-client runs use a new session). The many-client phase runs again with the page's own protocol
+(`app_n_page`: `client.page_stream`, what a browser tab sends).
 
 Per client: tokens/s over the decode (the tokens after the first token event over the time since
 it), time to first token from the submit (`engine_ttft_s`: until the engine emitted it; `api_s`:
@@ -249,26 +249,24 @@ class AppServer:
         errors: list[str] = []
         lock = threading.Lock()
 
-        from vegas_studio_app.client import stream_job
+        from vegas_studio_app.client import stream_tokens
 
         def client_loop(i: int):
             client, n = self.new_client(), 0
             while time.monotonic() < stop_at:
                 n += 1
                 method = methods[(i + n) % len(methods)]
-                job = client.submit(prompts[i], method, self.args.max_tokens, True, 0.0, api_name="/stream_tokens")
                 abort = (i + n) % 7 == 0             # about one client in seven aborts each round
                 outs = []
-                for out in stream_job(job):
+                for out in stream_tokens(client, prompts[i], method, self.args.max_tokens, True, 0.0):
                     outs.append(out)
                     if abort and len(outs) >= 3:
-                        job.cancel()
-                        break
+                        break                         # leaving the stream cancels the request
                 with lock:
                     if abort:
                         counts["aborted"] += 1
                         continue
-                    problem = _check_stream(job.result(), outs)
+                    problem = _check_stream(outs)
                     counts["bad" if problem else "streams_ok"] += 1
                     if problem:
                         errors.append(f"client {i} {method}: {problem}")
@@ -310,9 +308,12 @@ class AppServer:
                     ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
 
 
-def _check_stream(final: dict, outs: list[dict]) -> str | None:
-    """What is wrong with a finished stream, or None: events in order, each token once."""
-    events = [o for o in outs if not o.get("finished")]
+def _check_stream(outs: list[dict]) -> str | None:
+    """What is wrong with a finished stream, or None: it ends with its final message, its events
+    are in order, and each token comes once."""
+    if not outs or not outs[-1].get("finished"):
+        return "the stream ended without its final message"
+    final, events = outs[-1], [o for o in outs if not o.get("finished")]
     if final.get("error"):
         return final["error"]
     if [e["seq"] for e in events] != list(range(len(events))):
