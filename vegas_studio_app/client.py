@@ -35,7 +35,7 @@ class _ClientStreams:
         self.url = client.src
         self.http = httpx.Client(headers=client.headers, verify=client.ssl_verify, timeout=300,
                                  **client.httpx_kwargs)
-        self.fn_index = next(d["id"] for d in client.config["dependencies"] if d.get("api_name") == "stream_tokens")
+        self.fn_index = _stream_tokens_id(client.config)
         self.idle: list[str] = []
         self.lock = threading.Lock()
         weakref.finalize(client, self.http.close)
@@ -55,7 +55,7 @@ _streams: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _streams_lock = threading.Lock()
 
 
-def client_streams(client) -> _ClientStreams:
+def _client_streams(client) -> _ClientStreams:
     """The `Client`'s stream state, made at its first stream."""
     with _streams_lock:
         if client not in _streams:
@@ -66,7 +66,7 @@ def client_streams(client) -> _ClientStreams:
 def open_stream_session(client) -> None:
     """Open a session for `client`'s next `stream_tokens`, as a page load does (`open_page_session`),
     so that its first request does not pay for it."""
-    streams = client_streams(client)
+    streams = _client_streams(client)
     streams.give_back(streams.take())
 
 
@@ -77,7 +77,7 @@ def stream_tokens(client, prompt: str, method: str = "vanilla", max_tokens: int 
     t_engine, t_sent}), then the final dict ({finished, finish_reason, all_token_ids, all_text} or
     {error}). Leaving the loop early cancels the request, which frees its place in the engine.
     Several threads may stream on one Client at once (each on a session of its own)."""
-    streams = client_streams(client)
+    streams = _client_streams(client)
     session, state = streams.take(), {}
     try:
         yield from _page_stream(streams.url, prompt, method, max_tokens, chat, temperature, streams.fn_index,
@@ -90,7 +90,10 @@ def stream_tokens(client, prompt: str, method: str = "vanilla", max_tokens: int 
 def stream_tokens_fn_index(url: str) -> int:
     """The function index the page joins the queue with for `stream_tokens` (from the app's config)."""
     import httpx
-    config = httpx.get(url.rstrip("/") + "/config", timeout=60).json()
+    return _stream_tokens_id(httpx.get(url.rstrip("/") + "/config", timeout=60).json())
+
+
+def _stream_tokens_id(config: dict) -> int:
     return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stream_tokens")
 
 
