@@ -295,11 +295,18 @@ class AppServer:
         """Every prompt streamed by a client of its own, each in its own process, submitted at once
         once all have connected and opened their sessions: all their tokens over the time from the
         first submit to the last token. `page`: clients speaking the page's protocol, else
-        gradio_client."""
+        gradio_client. `cpu_s`: the processor time the server's process, the engine's (its
+        children) and the client processes took over the phase (`phase_s`, sessions opened
+        included): on a machine whose cores the engine fills, what the others take is the engine's."""
+        app = _process_tree(self.proc.pid)
+        groups = dict(server=app[:1], engine=app[1:], clients=[p.pid for p in self.clients.procs])
+        cpu0, t0 = {k: _cpu_s(v) for k, v in groups.items()}, time.monotonic()
         results = self.clients.together(prompts, method, page)
+        cpu = {k: round(_cpu_s(v) - cpu0[k], 3) for k, v in groups.items()}
+        phase = time.monotonic() - t0
         wall = max(r["t_last"] for r in results) - min(r["t_submit"] for r in results)
         total = sum(r["tokens"] for r in results)
-        return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
+        return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall, phase_s=phase, cpu_s=cpu,
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
                     per_client_ttft_s=[r["ttft_s"] for r in results],
                     per_client_engine_ttft_s=[r["engine_ttft_s"] for r in results],
@@ -347,6 +354,19 @@ def _rss_mb(pids: list[int]) -> float:
         except (OSError, StopIteration):
             pass
     return total / 1024
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """Processor seconds (user and system) the processes `pids` have taken so far."""
+    total = 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat", encoding="ascii") as f:
+                fields = f.read().rpartition(")")[2].split()   # after the command name, which may hold spaces
+            total += int(fields[11]) + int(fields[12])           # utime, stime: fields 14 and 15 of stat
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _gpu_mb(pids: list[int]) -> int | None:

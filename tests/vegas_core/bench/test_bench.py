@@ -591,6 +591,20 @@ def test_app_bench_reports_the_median_run():
     assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
 
 
+def test_app_bench_counts_a_process_s_processor_time():
+    """`_cpu_s` (what each of the app's processes and the clients took in a phase) follows this
+    process's own count, and a process that is gone counts nothing."""
+    import os
+    import time
+
+    from vegas_core.bench.app import _cpu_s
+    before, t0 = _cpu_s([os.getpid()]), time.process_time()
+    while time.process_time() - t0 < 0.3:
+        pass
+    assert _cpu_s([os.getpid()]) - before == pytest.approx(time.process_time() - t0, abs=0.05)
+    assert _cpu_s([2 ** 22 + 1]) == 0
+
+
 def test_linear_names_each_projection_of_the_layer_and_needs_a_gpu(capsys, tiny_model):
     from vegas_core.bench.linear import model_shapes
     from vegas_core.loader import load_model
