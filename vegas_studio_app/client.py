@@ -33,8 +33,9 @@ class _ClientStreams:
     def __init__(self, client):
         import httpx
         self.url = client.src
-        self.http = httpx.Client(headers=client.headers, verify=client.ssl_verify, timeout=300,
-                                 **client.httpx_kwargs)
+        # The Client's own httpx settings (a timeout, a proxy) win over these defaults.
+        self.http = httpx.Client(**{"headers": client.headers, "verify": client.ssl_verify, "timeout": 300,
+                                    **client.httpx_kwargs})
         self.fn_index = _stream_tokens_id(client.config)
         self.idle: list[str] = []
         self.lock = threading.Lock()

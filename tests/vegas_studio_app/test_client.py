@@ -149,3 +149,14 @@ def test_threads_stream_on_one_client_at_once(ticking_app):
         results = list(pool.map(lambda p: list(stream_tokens(client, p, "vanilla", 20)), "wxyz"))
     for prompt, outs in zip("wxyz", results):
         assert [e["text"] for e in outs[:-1]] == [f"{prompt}{i} " for i in range(20)]
+
+
+def test_a_client_s_own_httpx_settings_are_kept(ticking_app):
+    """A Client made with its own httpx settings (here a timeout) streams with them."""
+    from gradio_client import Client
+    from vegas_studio_app.client import _client_streams, stream_tokens
+    _, url, _ = ticking_app
+    client = Client(url, verbose=False, httpx_kwargs={"timeout": 7.0})
+    outs = list(stream_tokens(client, "t", "vanilla", 3))
+    assert outs[-1]["finished"] and len(outs) == 4
+    assert _client_streams(client).http.timeout.read == 7.0
