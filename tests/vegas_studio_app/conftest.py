@@ -25,19 +25,26 @@ def free_port() -> int:
 
 
 @contextmanager
+def served(demo):
+    """Blocks (queued already) served from this process on a free localhost port, so the server's
+    Gradio state can be looked at: yields the url; closed after."""
+    port = free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    try:
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        demo.close()
+
+
+@contextmanager
 def no_model_page():
-    """The app's page with no model, served from this process (so the server's Gradio state can be
-    looked at): yields (Blocks, url)."""
+    """The app's page with no model, served from this process (`served`): yields (Blocks, url)."""
     from vegas_studio_app.studio import Studio
     from vegas_studio_app.ui import build_ui
     demo = build_ui(Studio(None, results_dir="bench/results", abandon_after_s=30), 4, None)
     demo.queue()
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield demo, f"http://127.0.0.1:{port}/"
-    finally:
-        demo.close()
+    with served(demo) as url:
+        yield demo, url
 
 
 def drain(handle, timeout=120) -> list:

@@ -54,7 +54,7 @@ def ticking_app():
     import time
 
     import gradio as gr
-    from tests.vegas_studio_app.conftest import free_port
+    from tests.vegas_studio_app.conftest import served
     stopped, lock = [], threading.Lock()
 
     def stream(prompt, method, max_tokens, chat, temperature):
@@ -76,12 +76,8 @@ def ticking_app():
         gr.Button().click(stream, args, out, api_name="stream_tokens")
         gr.Button().click(lambda: {}, None, out, api_name="pool")
     demo.queue(default_concurrency_limit=8)
-    port = free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield demo, f"http://127.0.0.1:{port}/", stopped
-    finally:
-        demo.close()
+    with served(demo) as url:
+        yield demo, url, stopped
 
 
 def _delays(events):
