@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 
@@ -245,6 +246,15 @@ def quiet_queue_analytics() -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
 
+def skip_absent_matplotlib() -> None:
+    """Gradio imports matplotlib twice around every call and every streamed message of an event (to
+    switch its backend to agg for the call). Where matplotlib is not installed each failed import
+    searches sys.path again, and Python keeps no record of a failure: a third of Gradio's own work per
+    message here (bench/NOTES.md version 74). Marked absent once, the imports fail at once, as they would."""
+    if "matplotlib" not in sys.modules and importlib.util.find_spec("matplotlib") is None:
+        sys.modules["matplotlib"] = None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="vegas-studio", description="Vegas Studio")
     p.add_argument("--model", default=None, help="GGUF file, Hugging Face directory or packaged model name "
@@ -291,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     studio = Studio(worker, results_dir=args.results_dir, abandon_after_s=args.abandon_after)
     quiet_queue_analytics()
+    skip_absent_matplotlib()
     demo = build_ui(studio, args.concurrency, args.model)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,

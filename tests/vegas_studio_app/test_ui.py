@@ -48,3 +48,58 @@ def test_a_setting_in_the_environment_wins(monkeypatch):
     quiet_queue_analytics()
     assert os.environ["GRADIO_ANALYTICS_MAX_EVENTS"] == "500"
     assert int(os.environ["GRADIO_ANALYTICS_CACHE_FREQUENCY"]) > 10**9
+
+
+def _path_searches(monkeypatch) -> list[str]:
+    """The module names the import system looks for on sys.path from now on."""
+    import importlib.machinery
+    searched, find_spec = [], importlib.machinery.PathFinder.find_spec
+
+    def counting(name, *args, **kwargs):
+        searched.append(name)
+        return find_spec(name, *args, **kwargs)
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", counting)
+    return searched
+
+
+def _absent_until_the_end(monkeypatch) -> None:
+    """No "matplotlib" entry in sys.modules now, and sys.modules as it was after the test."""
+    import sys
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.delitem(sys.modules, "matplotlib")
+
+
+@pytest.mark.parametrize("marked", [True, False])
+def test_gradio_looks_for_an_absent_matplotlib_once(monkeypatch, marked):
+    """Gradio tries `import matplotlib` around every call and streamed message; where it is not installed
+    each try searches sys.path. Marked absent by the app's entry point, a try searches nothing and still
+    fails as Gradio expects; unmarked (the control), each try searches again."""
+    import importlib.util
+    import sys
+
+    from gradio.utils import MatplotlibBackendMananger
+
+    from vegas_studio_app.ui import skip_absent_matplotlib
+    _absent_until_the_end(monkeypatch)
+    if importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed here: Gradio's imports of it are cheap")
+    if marked:
+        skip_absent_matplotlib()
+    searched = _path_searches(monkeypatch)
+    for _ in range(3):
+        with MatplotlibBackendMananger():
+            pass
+    assert searched.count("matplotlib") == (0 if marked else 6)
+    with pytest.raises(ImportError):
+        import matplotlib  # noqa: F401
+
+
+def test_an_installed_matplotlib_is_left_alone(monkeypatch):
+    import importlib.util
+    import sys
+
+    from vegas_studio_app.ui import skip_absent_matplotlib
+    _absent_until_the_end(monkeypatch)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "matplotlib" else None)
+    skip_absent_matplotlib()
+    assert "matplotlib" not in sys.modules

@@ -98,12 +98,14 @@ def run(args, argv: list[str]) -> str:
                                 client_processes=True)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
-            f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio"]
+            f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio",
+            "first token ms: engine", "app"]
     rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["engine_1_trace"]["tokens_per_s"],
              r["app_1"]["tokens_per_s"], r["ratio_1"],
              1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"],
              1e3 * r["app_1_shared_client"]["ttft_s"], r["engine_n"]["tokens_per_s"],
-             r["app_n"]["tokens_per_s"], r["ratio_n"], r["app_n_page"]["tokens_per_s"], r["ratio_n_page"]]
+             r["app_n"]["tokens_per_s"], r["ratio_n"], r["app_n_page"]["tokens_per_s"], r["ratio_n_page"],
+             _ms(r["engine_n"]["ttft_s"]), _ms(max(filter(None, r["app_n"]["per_client_engine_ttft_s"]), default=None))]
             for r in records]
     common.print_table(f"app vs engine: {common.device_description(device)}, {args.prompt_tokens}-token "
                        f"prompts, {args.max_tokens} tokens, greedy", cols, rows)
@@ -118,14 +120,18 @@ def run(args, argv: list[str]) -> str:
     return path
 
 
+def _ms(seconds):
+    return None if seconds is None else 1e3 * seconds
+
+
 def _ratio(a, b):
     return a / b if a and b else None
 
 
 def engine_alone(args, loaded, prompts: list[str]) -> dict:
     """tokens/s of the engine by itself, warmed up: one prompt streamed at batch 1 (first to last
-    token), and every prompt at once (the batch's tokens over its wall time); and one prompt at
-    batch 1 recording a trace, as the app does ("1-trace")."""
+    token), and every prompt at once (the batch's tokens over its wall time, and `ttft_s`: from the
+    call to its first token); and one prompt at batch 1 recording a trace, as the app does ("1-trace")."""
     from ..engine import Engine
     from ..options import EngineOptions
     from ..sampling import SamplingParams
@@ -154,11 +160,17 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
                 return dict(tokens=sum(counts), tokens_per_s=decode_rate(counts, stamps))
 
             def batch():
+                first = []        # when the first token came out: the start the app's clients also pay
+
+                def seen(events):
+                    if not first and any(ev.new_token_ids for ev in events):
+                        first.append(time.perf_counter())
                 t = time.perf_counter()
-                res = engine.generate(prompts, sampling, spec, chat=True)
+                res = engine.generate(prompts, sampling, spec, chat=True, progress=seen)
                 wall = time.perf_counter() - t
                 total = sum(r.generated_tokens for r in res)
-                return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall)
+                return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
+                            ttft_s=first[0] - t if first else None)
 
             # With the heap frozen, as the app's worker runs once it is ready (and bench e2e measures).
             with common.frozen_heap():

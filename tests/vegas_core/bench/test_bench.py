@@ -605,6 +605,26 @@ def test_app_bench_counts_a_process_s_processor_time():
     assert _cpu_s([2 ** 22 + 1]) == 0
 
 
+def test_app_bench_times_the_engine_alone_to_its_first_token(tiny_model):
+    """The engine alone at batch n, the app's reference: its rate and when its first token came
+    out (the start the app's clients pay too, so a shortfall can be placed at the start or after)."""
+    import argparse
+
+    from vegas_core.bench import app
+    from vegas_core.loader import load_model
+    p = argparse.ArgumentParser()
+    app.add_arguments(p)
+    args = p.parse_args(["--model", tiny_model, "--device", "cpu", "--methods", "vanilla", "vegas",
+                         "--clients", "2", "--max-tokens", "6", "--repeats", "1"])
+    loaded = load_model(tiny_model)
+    rates = app.engine_alone(args, loaded, ["The first prompt", "A second, longer prompt to prefill"])
+    for method in ("vanilla", "vegas"):
+        n = rates[method]["n"]
+        assert n["tokens"] == 12 and n["tokens_per_s"] == pytest.approx(12 / n["wall_s"])
+        assert 0 < n["ttft_s"] < n["wall_s"]
+        assert rates[method]["1"]["tokens_per_s"] > 0 and rates[method]["1-trace"]["tokens_per_s"] > 0
+
+
 def test_linear_names_each_projection_of_the_layer_and_needs_a_gpu(capsys, tiny_model):
     from vegas_core.bench.linear import model_shapes
     from vegas_core.loader import load_model
