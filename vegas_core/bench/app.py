@@ -102,8 +102,8 @@ def run(args, argv: list[str]) -> str:
             "first token ms: engine", "app"]
     rows = [[r["method"], r["engine_1"]["tokens_per_s"], r["engine_1_trace"]["tokens_per_s"],
              r["app_1"]["tokens_per_s"], r["ratio_1"],
-             1e3 * r["app_1"]["ttft_s"], 1e3 * r["app_1"]["max_gap_s"],
-             1e3 * r["app_1_shared_client"]["ttft_s"], r["engine_n"]["tokens_per_s"],
+             _ms(r["app_1"]["ttft_s"]), _ms(r["app_1"]["max_gap_s"]),
+             _ms(r["app_1_shared_client"]["ttft_s"]), r["engine_n"]["tokens_per_s"],
              r["app_n"]["tokens_per_s"], r["ratio_n"], r["app_n_page"]["tokens_per_s"], r["ratio_n_page"],
              _ms(r["engine_n"]["ttft_s"]), _ms(max(filter(None, r["app_n"]["per_client_engine_ttft_s"]), default=None))]
             for r in records]
