@@ -20,6 +20,7 @@ neither: its records are made from what the iteration reads anyway, after its GP
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -88,6 +89,9 @@ class EngineCore:
         self.overlap = Overlap(self, enabled=opts.run_ahead and graphs)
         self.requests: dict[int, Request] = {}
         self.step_index = 0
+        # The last steps as (start, end, kind, rows, tokens), wall clock: where a request's wait
+        # went, read beside the app's own time stamps.
+        self.step_log: deque[tuple[float, float, str, int, int]] = deque(maxlen=512)
         self._t0 = time.perf_counter()
         self.reset_phase_totals()
 
@@ -201,13 +205,19 @@ class EngineCore:
 
     # -- one step ------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
+        t = time.time()
         plan = self.scheduler.schedule()
         self.step_index += 1
         if plan.prefill:
             self._prefill(plan.prefill)
+            self.step_log.append((t, time.time(), "prefill", len(plan.prefill),
+                                  sum(c.end - c.start for c in plan.prefill)))
             return []
         if plan.decode:
-            return self._decode(plan.decode)
+            outputs = self._decode(plan.decode)
+            self.step_log.append((t, time.time(), "decode", len(plan.decode),
+                                  sum(len(o.new_token_ids) for o in outputs)))
+            return outputs
         return []
 
     def _prefill(self, chunks) -> None:

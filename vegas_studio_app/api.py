@@ -15,4 +15,10 @@ def make_api(studio):
         """KV pool occupancy: {state, num_free, num_blocks, active_requests, peak_active}."""
         return studio.pool()
 
-    return stream_tokens, pool
+    def engine_steps(last: int = 512) -> list:
+        """The engine's last steps, oldest first (at most 512): {start, end: wall clock seconds;
+        kind: prefill or decode; rows: requests in it; tokens: prefilled or emitted}, to place
+        where a request's time went beside the times `stream_tokens` reports."""
+        return studio.pool(int(last)).get("steps", [])
+
+    return stream_tokens, pool, engine_steps

@@ -150,11 +150,12 @@ class Studio:
         self.worker = self.worker.with_model(load_argument(value)).start()
         return (*self.status(), gr.Checkbox(value=wants_chat(value)))
 
-    def pool(self) -> dict:
-        """KV pool occupancy (for tests and monitoring): num_free == num_blocks when idle."""
+    def pool(self, steps: int = 0) -> dict:
+        """KV pool occupancy (for tests and monitoring): num_free == num_blocks when idle; `steps`:
+        the engine's last steps too."""
         if self.worker is None:
             return {"state": "no-model", "num_free": None, "num_blocks": None, "active_requests": 0}
-        return self.worker.pool()
+        return self.worker.pool(steps)
 
     def api_stream(self, prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
                    temperature: float = 0.0, request: gr.Request = None):

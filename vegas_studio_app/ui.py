@@ -230,9 +230,10 @@ def build_ui(studio: Studio, concurrency: int = 8, model: str | None = None) -> 
         upload.upload(studio.replay, upload, [replay_status, *gen_outputs, upload], api_visibility="private") \
             .then(**refresh)
 
-        stream_tokens, pool = make_api(studio)
+        stream_tokens, pool, engine_steps = make_api(studio)
         gr.api(stream_tokens, api_name="stream_tokens", **eng)
         gr.api(pool, api_name="pool", queue=False)
+        gr.api(engine_steps, api_name="engine_steps", queue=False)
     studio.blocks = demo
     return demo
 

@@ -254,12 +254,13 @@ class EngineWorker:
         self._commands.put(("sweep", (grid, spec, progress, stop), fut))
         return fut
 
-    def pool(self, timeout: float = 30.0) -> dict:
-        """KV pool occupancy and active requests, read by the engine thread between steps."""
+    def pool(self, steps: int = 0, timeout: float = 30.0) -> dict:
+        """KV pool occupancy and active requests, read by the engine thread between steps; with
+        `steps`, the engine's last steps too (`EngineCore.step_log`, at most 512)."""
         if self.state != "ready":
             return {"state": self.state, "num_free": None, "num_blocks": None, "active_requests": 0}
         fut: Future = Future()
-        self._commands.put(("pool", None, fut))
+        self._commands.put(("pool", steps, fut))
         return fut.result(timeout)
 
     def shutdown(self) -> None:
@@ -365,7 +366,7 @@ class EngineWorker:
             elif kind == "abort":
                 self._abort(arg)
             elif kind == "pool":
-                fut.set_result(self._pool())
+                fut.set_result(self._pool(arg))
             elif kind == "sweep":
                 fut.set_result(self._sweep(*arg))
             elif kind in ("pause", "resume", "advance"):
@@ -382,10 +383,14 @@ class EngineWorker:
             if fut is not None and not fut.done():
                 fut.set_exception(e)
 
-    def _pool(self) -> dict:
+    def _pool(self, steps: int | None = 0) -> dict:
         alloc = self.engine.core.allocator
-        return {"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
-                "active_requests": len(self._handles), "peak_active": self.peak_active}
+        out = {"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
+               "active_requests": len(self._handles), "peak_active": self.peak_active}
+        if steps:
+            log = list(self.engine.core.step_log)[-steps:]
+            out["steps"] = [dict(start=a, end=b, kind=k, rows=r, tokens=n) for a, b, k, r, n in log]
+        return out
 
     def _sweep(self, grid, spec, progress, stop) -> dict:
         from vegas_core.bench.sweep import run_sweep
@@ -409,7 +414,7 @@ class EngineWorker:
             if fut is None:
                 continue
             if kind == "pool":
-                fut.set_result(self._pool())
+                fut.set_result(self._pool(arg))
             elif kind in ("submit", "sweep"):
                 fut.set_exception(EngineBusy(SWEEPING))
             else:

@@ -97,6 +97,10 @@ def test_many_clients_stream_at_once(app_server):
     pool = app_server.ready_client.predict(api_name="/pool")
     assert pool["peak_active"] >= 8, pool        # the eight really were in the engine together
     assert pool["active_requests"] == 0 and pool["num_free"] == pool["num_blocks"], pool
+    # The engine's step log over the API: the eight shared decode steps.
+    steps = app_server.ready_client.predict(3, api_name="/engine_steps")
+    assert len(steps) == 3 and all(s["start"] <= s["end"] and s["kind"] in ("prefill", "decode") for s in steps)
+    assert max(s["rows"] for s in app_server.ready_client.predict(512, api_name="/engine_steps")) >= 8
     print(f"12 clients, {len(busy)} told busy, {elapsed:.1f} s")
 
 

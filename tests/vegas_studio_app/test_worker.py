@@ -53,6 +53,12 @@ def test_concurrent_requests_each_get_their_tokens_once(worker):
         assert final.trace.requests[0].output_token_ids == ids
         assert all(t in final.trace.token_texts for t in ids)
     assert pool_is_free(worker)
+    steps = worker.pool(steps=512)["steps"]
+    decoded = sum(s["tokens"] for s in steps if s["kind"] == "decode" and s["start"] >= min(
+        h.t_accepted for h in handles))
+    assert decoded == 12 * len(methods)            # every token these requests got, step by step
+    assert all(s["start"] <= s["end"] and s["rows"] >= 1 for s in steps)
+    assert "steps" not in worker.pool()
 
 
 def test_bad_requests_are_refused_in_the_callers_thread(worker):

@@ -165,12 +165,13 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
                 def seen(events):
                     if not first and any(ev.new_token_ids for ev in events):
                         first.append(time.perf_counter())
-                t = time.perf_counter()
+                t, t_wall = time.perf_counter(), time.time()
                 res = engine.generate(prompts, sampling, spec, chat=True, progress=seen)
                 wall = time.perf_counter() - t
                 total = sum(r.generated_tokens for r in res)
+                steps = [dict(start=a, end=b, kind=k, rows=r, tokens=n) for a, b, k, r, n in engine.core.step_log]
                 return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
-                            ttft_s=first[0] - t if first else None)
+                            ttft_s=first[0] - t if first else None, steps=step_timeline(steps, t_wall, t_wall + wall))
 
             # With the heap frozen, as the app's worker runs once it is ready (and bench e2e measures).
             with common.frozen_heap():
@@ -316,7 +317,9 @@ class AppServer:
         results = self.clients.together(prompts, method, page)
         cpu = {k: round(_cpu_s(v) - cpu0[k], 3) for k, v in groups.items()}
         phase = time.monotonic() - t0
-        wall = max(r["t_last"] for r in results) - min(r["t_submit"] for r in results)
+        start, end = min(r["t_submit"] for r in results), max(r["t_last"] for r in results)
+        wall = end - start
+        steps = step_timeline(self.new_client().predict(512, api_name="/engine_steps"), start, end)
         total = sum(r["tokens"] for r in results)
         return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall, phase_s=phase, cpu_s=cpu,
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
@@ -324,7 +327,15 @@ class AppServer:
                     per_client_engine_ttft_s=[r["engine_ttft_s"] for r in results],
                     per_client_api_s=[r["api_s"] for r in results],
                     per_client_accept_s=[r["accept_s"] for r in results],
-                    ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results))
+                    ttft_s=max(r["ttft_s"] for r in results), max_gap_s=max(r["max_gap_s"] or 0 for r in results),
+                    steps=steps)
+
+
+def step_timeline(steps: list[dict], start: float, end: float) -> list[list]:
+    """The engine steps that overlap [start, end] (wall clock), as [start ms, end ms, kind, rows,
+    tokens] from `start`: where the batch's first tokens waited."""
+    return [[round(1e3 * (s["start"] - start), 2), round(1e3 * (s["end"] - start), 2), s["kind"], s["rows"],
+             s["tokens"]] for s in steps if s["end"] >= start and s["start"] <= end]
 
 
 def _check_stream(outs: list[dict]) -> str | None:

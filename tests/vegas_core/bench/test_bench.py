@@ -622,6 +622,12 @@ def test_app_bench_times_the_engine_alone_to_its_first_token(tiny_model):
         n = rates[method]["n"]
         assert n["tokens"] == 12 and n["tokens_per_s"] == pytest.approx(12 / n["wall_s"])
         assert 0 < n["ttft_s"] < n["wall_s"]
+        # Its steps, in ms from the call: both prompts prefilled before the first decode, which
+        # gives each its first token; every token from a decode step.
+        kinds = [s[2] for s in n["steps"]]
+        assert kinds[0] == "prefill" and "prefill" not in kinds[kinds.index("decode"):]
+        assert sum(s[4] for s in n["steps"] if s[2] == "decode") == 12
+        assert all(0 <= s[0] <= s[1] <= 1e3 * n["wall_s"] for s in n["steps"])
         assert rates[method]["1"]["tokens_per_s"] > 0 and rates[method]["1-trace"]["tokens_per_s"] > 0
 
 
