@@ -19,6 +19,8 @@ def make_api(studio):
         """The engine's last steps, oldest first (at most 512): {start, end: wall clock seconds;
         kind: prefill or decode; rows: requests in it; tokens: prefilled or emitted}, to place
         where a request's time went beside the times `stream_tokens` reports."""
+        if not 1 <= last <= 512:
+            raise gr.Error(f"last: 1 to 512 steps (the engine keeps the last 512), not {last}")
         return studio.pool(int(last)).get("steps", [])
 
     return stream_tokens, pool, engine_steps

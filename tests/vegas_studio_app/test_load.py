@@ -101,6 +101,8 @@ def test_many_clients_stream_at_once(app_server):
     steps = app_server.ready_client.predict(3, api_name="/engine_steps")
     assert len(steps) == 3 and all(s["start"] <= s["end"] and s["kind"] in ("prefill", "decode") for s in steps)
     assert max(s["rows"] for s in app_server.ready_client.predict(512, api_name="/engine_steps")) >= 8
+    with pytest.raises(Exception, match="1 to 512 steps"):
+        app_server.ready_client.predict(0, api_name="/engine_steps")
     print(f"12 clients, {len(busy)} told busy, {elapsed:.1f} s")
 
 

@@ -331,9 +331,12 @@ class AppServer:
                     steps=steps)
 
 
-def step_timeline(steps: list[dict], start: float, end: float) -> list[list]:
+def step_timeline(steps: list[dict], start: float, end: float) -> list[list] | None:
     """The engine steps that overlap [start, end] (wall clock), as [start ms, end ms, kind, rows,
-    tokens] from `start`: where the batch's first tokens waited."""
+    tokens] from `start`: where the batch's first tokens waited. None when the log (the last 512
+    steps) no longer reaches back to `start`: a timeline without its beginning would mislead."""
+    if not steps or steps[0]["start"] > start:
+        return None
     return [[round(1e3 * (s["start"] - start), 2), round(1e3 * (s["end"] - start), 2), s["kind"], s["rows"],
              s["tokens"]] for s in steps if s["end"] >= start and s["start"] <= end]
 

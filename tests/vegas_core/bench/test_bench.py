@@ -591,6 +591,17 @@ def test_app_bench_reports_the_median_run():
     assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
 
 
+def test_app_bench_step_timeline_keeps_the_window_in_ms_or_says_it_lost_the_start():
+    from vegas_core.bench.app import step_timeline
+    log = [dict(start=9.0, end=9.5, kind="decode", rows=2, tokens=2),      # ended before the window
+           dict(start=9.9, end=10.01, kind="prefill", rows=3, tokens=96),  # overlaps its start
+           dict(start=10.02, end=10.03, kind="decode", rows=3, tokens=3),
+           dict(start=11.5, end=11.6, kind="decode", rows=1, tokens=1)]    # after its end
+    assert step_timeline(log, 10.0, 11.0) == [[-100.0, 10.0, "prefill", 3, 96], [20.0, 30.0, "decode", 3, 3]]
+    assert step_timeline(log[2:], 10.0, 11.0) is None     # the log no longer reaches back to the start
+    assert step_timeline([], 10.0, 11.0) is None
+
+
 def test_app_bench_counts_a_process_s_processor_time():
     """`_cpu_s` (what each of the app's processes and the clients took in a phase) follows this
     process's own count, and a process that is gone counts nothing."""
