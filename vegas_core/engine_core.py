@@ -41,6 +41,8 @@ from .request import Request, Status
 from .sampling import SamplingParams, is_filtered, sample_rows, sampling_tensors
 from .scheduler import Scheduler, lookahead
 from .spec import SpecParams
+
+STEP_LOG_STEPS = 512      # steps `EngineCore.step_log` keeps
 from .spec.batched import SelectItem, select_batch
 from .spec.proposers import SelectContext
 from .trace.record import decode_step_records, iteration_record, selection_record, selection_records
@@ -90,10 +92,14 @@ class EngineCore:
         self.requests: dict[int, Request] = {}
         self.step_index = 0
         # The last steps as (start, end, kind, rows, tokens), wall clock: where a request's wait
-        # went, read beside the app's own time stamps.
-        self.step_log: deque[tuple[float, float, str, int, int]] = deque(maxlen=512)
+        # went, read beside the app's own time stamps (`recent_steps`).
+        self.step_log: deque[tuple[float, float, str, int, int]] = deque(maxlen=STEP_LOG_STEPS)
         self._t0 = time.perf_counter()
         self.reset_phase_totals()
+
+    def recent_steps(self, last: int = STEP_LOG_STEPS) -> list[dict]:
+        """The last `last` steps of `step_log`, oldest first: {start, end, kind, rows, tokens}."""
+        return [dict(start=a, end=b, kind=k, rows=r, tokens=n) for a, b, k, r, n in list(self.step_log)[-last:]]
 
     @property
     def chains(self) -> dict:

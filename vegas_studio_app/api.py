@@ -2,6 +2,8 @@
 module deliberately does not use `from __future__ import annotations`)."""
 import gradio as gr
 
+from vegas_core.engine_core import STEP_LOG_STEPS
+
 
 def make_api(studio):
     def stream_tokens(prompt: str, method: str = "vanilla", max_tokens: int = 16, chat: bool = True,
@@ -15,12 +17,13 @@ def make_api(studio):
         """KV pool occupancy: {state, num_free, num_blocks, active_requests, peak_active}."""
         return studio.pool()
 
-    def engine_steps(last: int = 512) -> list:
+    def engine_steps(last: int = STEP_LOG_STEPS) -> list:
         """The engine's last steps, oldest first (at most 512): {start, end: wall clock seconds;
         kind: prefill or decode; rows: requests in it; tokens: prefilled or emitted}, to place
         where a request's time went beside the times `stream_tokens` reports."""
-        if not 1 <= last <= 512:
-            raise gr.Error(f"last: 1 to 512 steps (the engine keeps the last 512), not {last}")
+        if not 1 <= last <= STEP_LOG_STEPS:
+            raise gr.Error(f"last: 1 to {STEP_LOG_STEPS} steps (the engine keeps the last {STEP_LOG_STEPS}), "
+                           f"not {last}")
         return studio.pool(int(last)).get("steps", [])
 
     return stream_tokens, pool, engine_steps

@@ -256,7 +256,7 @@ class EngineWorker:
 
     def pool(self, steps: int = 0, timeout: float = 30.0) -> dict:
         """KV pool occupancy and active requests, read by the engine thread between steps; with
-        `steps`, the engine's last steps too (`EngineCore.step_log`, at most 512)."""
+        `steps`, the engine's last steps too (`EngineCore.recent_steps`)."""
         if self.state != "ready":
             return {"state": self.state, "num_free": None, "num_blocks": None, "active_requests": 0}
         fut: Future = Future()
@@ -383,13 +383,12 @@ class EngineWorker:
             if fut is not None and not fut.done():
                 fut.set_exception(e)
 
-    def _pool(self, steps: int | None = 0) -> dict:
+    def _pool(self, steps: int = 0) -> dict:
         alloc = self.engine.core.allocator
         out = {"state": self.state, "num_free": alloc.num_free, "num_blocks": alloc.num_blocks,
                "active_requests": len(self._handles), "peak_active": self.peak_active}
         if steps:
-            log = list(self.engine.core.step_log)[-steps:]
-            out["steps"] = [dict(start=a, end=b, kind=k, rows=r, tokens=n) for a, b, k, r, n in log]
+            out["steps"] = self.engine.core.recent_steps(steps)
         return out
 
     def _sweep(self, grid, spec, progress, stop) -> dict:

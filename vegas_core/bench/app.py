@@ -169,9 +169,9 @@ def engine_alone(args, loaded, prompts: list[str]) -> dict:
                 res = engine.generate(prompts, sampling, spec, chat=True, progress=seen)
                 wall = time.perf_counter() - t
                 total = sum(r.generated_tokens for r in res)
-                steps = [dict(start=a, end=b, kind=k, rows=r, tokens=n) for a, b, k, r, n in engine.core.step_log]
                 return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
-                            ttft_s=first[0] - t if first else None, steps=step_timeline(steps, t_wall, t_wall + wall))
+                            ttft_s=first[0] - t if first else None,
+                            steps=step_timeline(engine.core.recent_steps(), t_wall, t_wall + wall))
 
             # With the heap frozen, as the app's worker runs once it is ready (and bench e2e measures).
             with common.frozen_heap():
@@ -311,6 +311,7 @@ class AppServer:
         gradio_client. `cpu_s`: the processor time the server's process, the engine's (its
         children) and the client processes took over the phase (`phase_s`, sessions opened
         included): on a machine whose cores the engine fills, what the others take is the engine's."""
+        from ..engine_core import STEP_LOG_STEPS
         app = _process_tree(self.proc.pid)
         groups = dict(server=app[:1], engine=app[1:], clients=[p.pid for p in self.clients.procs])
         cpu0, t0 = {k: _cpu_s(v) for k, v in groups.items()}, time.monotonic()
@@ -319,7 +320,7 @@ class AppServer:
         phase = time.monotonic() - t0
         start, end = min(r["t_submit"] for r in results), max(r["t_last"] for r in results)
         wall = end - start
-        steps = step_timeline(self.new_client().predict(512, api_name="/engine_steps"), start, end)
+        steps = step_timeline(self.new_client().predict(STEP_LOG_STEPS, api_name="/engine_steps"), start, end)
         total = sum(r["tokens"] for r in results)
         return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall, phase_s=phase, cpu_s=cpu,
                     per_client_tokens_per_s=[r["tokens_per_s"] for r in results],
@@ -333,8 +334,8 @@ class AppServer:
 
 def step_timeline(steps: list[dict], start: float, end: float) -> list[list] | None:
     """The engine steps that overlap [start, end] (wall clock), as [start ms, end ms, kind, rows,
-    tokens] from `start`: where the batch's first tokens waited. None when the log (the last 512
-    steps) no longer reaches back to `start`: a timeline without its beginning would mislead."""
+    tokens] from `start`: where the batch's first tokens waited. None when the log (the last
+    `STEP_LOG_STEPS`) no longer reaches back to `start`: a timeline without its beginning would mislead."""
     if not steps or steps[0]["start"] > start:
         return None
     return [[round(1e3 * (s["start"] - start), 2), round(1e3 * (s["end"] - start), 2), s["kind"], s["rows"],
