@@ -1,16 +1,19 @@
 """`python -m vegas_core.bench app`: the app against the engine it drives, in one run.
 
-First the engine alone (warmed up: graphs captured, kernels compiled; the heap frozen, as the app's
-worker freezes it once ready) streams each prompt at batch 1 and generates `--clients` prompts at
-once. Then `python app.py` starts on the same device, is warmed up the same way (one request, then
-all clients at once), and the same prompts stream through its `stream_tokens` API with gradio_client
-`Client`s, read as scripts read them (`vegas_studio_app.client.stream_tokens`): one client (`app_1`,
-a new `Client`), a second request right after a first on one `Client` (`app_1_shared_client`, as a
-script does), then all clients at once (`app_n`), each in a process of its own with its own `Client`
-(its own session, as separate users are; `vegas_studio_app.load_clients`). The clients connect and
-open their sessions first, then submit together (users open the page before they press Generate; the
-one-client runs use a new session). The many-client phase runs again with the page's own protocol
-(`app_n_page`: `client.page_stream`, what a browser tab sends).
+The engine alone (`EngineAlone`: warmed up, graphs captured, kernels compiled; the heap frozen, as
+the app's worker freezes it once ready) streams one prompt at batch 1 and generates `--clients`
+prompts at once; `python app.py` runs beside it on the same device, warmed up the same way (one
+request, then all clients at once), and the same prompts stream through its `stream_tokens` API with
+gradio_client `Client`s, read as scripts read them (`vegas_studio_app.client.stream_tokens`): one
+client (`app_1`, a new `Client`), then all clients at once (`app_n`), each in a process of its own
+with its own `Client` (its own session, as separate users are; `vegas_studio_app.load_clients`), and
+again with the page's own protocol (`app_n_page`: `client.page_stream`, what a browser tab sends).
+The clients connect and open their sessions first, then submit together (users open the page before
+they press Generate; the one-client runs use a new session). Each of `--repeats` rounds measures the
+engine alone, then the app, back to back (a shared host's speed drifts over minutes), and each ratio
+is the median of the rounds' ratios. Then a second request right after a first on one `Client`
+(`app_1_shared_client`, as a script does). Before all that, the engine alone at batch 1 recording a
+trace, as the app does (`engine_1_trace`).
 
 Per client: tokens/s over the decode (the tokens after the first token event over the time since
 it), time to first token from the submit (`engine_ttft_s`: until the engine emitted it; `api_s`:
@@ -18,15 +21,17 @@ until the app's handler started; `accept_s`: until the engine took the request i
 gap between events, with where each event was on the server (`t_engine`: the engine emitted it,
 `t_sent`: the API yielded it) so a gap can be placed: engine, hand-over, or transport. Clients
 together: all their tokens over the time from the first submit to the last token. Each kind is
-measured `--repeats` times and the median run reported. `ratio` fields: app / engine at the same
-batch. Greedy, chat prompts of `--prompt-tokens` tokens of real text, `--max-tokens` generated (both
-stop at the same end-of-sequence token, if one comes first).
+reported by its median run. `ratio` fields: app / engine at the same batch, the median of the
+rounds' (each round's in `ratios`). Greedy, chat prompts of `--prompt-tokens` tokens of real text,
+`--max-tokens` generated (both stop at the same end-of-sequence token, if one comes first).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -68,34 +73,33 @@ def run(args, argv: list[str]) -> str:
     prompts = [INSTRUCTION + tok.decode(texts.long_text(args.prompt_tokens, tok, offset=i * args.prompt_tokens))
                for i in range(args.clients)]
     records = []
-    engine_rates = engine_alone(args, loaded, prompts)
-    gc.collect()
-    if device.type == "cuda":
-        import torch
-        torch.cuda.empty_cache()
-    with AppServer(args) as app:
+    traced = EngineAlone(args, loaded, prompts, trace=True)
+    traced_1 = {m: traced.median_alone(m) for m in args.methods}
+    traced.close()
+    with EngineAlone(args, loaded, prompts) as engine, AppServer(args) as app:
         for method in args.methods:
+            engine.warm(method)
             app.stream(prompts[0], method)                       # warm-up: graphs, kernels, at batch 1
             app.together(prompts, method)                        # and at the batch sizes clients make
-            one = median_run(lambda: app.stream(prompts[0], method), args.repeats)
+            # Each repeat measures the engine alone, then the app, back to back, and a ratio is the
+            # median of the repeats' ratios: on a shared host the speed drifts over minutes.
+            rounds = [engine.then_app(app, method, prompts) for _ in range(max(1, args.repeats))]
             client = app.new_client()
             app.stream(prompts[0], method, client)
             shared = app.stream(prompts[0], method, client)      # right after another on one Client
-            many = median_run(lambda: app.together(prompts, method), args.repeats)
-            page = median_run(lambda: app.together(prompts, method, page=True), args.repeats)
-            eng = engine_rates[method]
+            pick = {k: _median([r[k] for r in rounds]) for k in ("engine_1", "app_1", "engine_n", "app_n", "app_n_page")}
             records.append(dict(
                 method=method, max_tokens=args.max_tokens, prompt_tokens=args.prompt_tokens,
-                engine_1=eng["1"], engine_1_trace=eng["1-trace"], engine_n=eng["n"], app_1=one,
-                app_1_shared_client=shared, app_n=many, app_n_page=page,
-                ratio_1=_ratio(one["tokens_per_s"], eng["1"]["tokens_per_s"]),
-                ratio_n=_ratio(many["tokens_per_s"], eng["n"]["tokens_per_s"]),
-                ratio_n_page=_ratio(page["tokens_per_s"], eng["n"]["tokens_per_s"])))
+                engine_1=pick["engine_1"], engine_1_trace=traced_1[method], engine_n=pick["engine_n"],
+                app_1=pick["app_1"], app_1_shared_client=shared, app_n=pick["app_n"], app_n_page=pick["app_n_page"],
+                app_idle_cpu_s=[r["app_idle_cpu_s"] for r in rounds],
+                **{f"ratio_{k}": _median_of([r[f"ratio_{k}"] for r in rounds]) for k in ("1", "n", "n_page")},
+                **{f"ratios_{k}": [r[f"ratio_{k}"] for r in rounds] for k in ("1", "n", "n_page")}))
         soak = app.soak(prompts, args.methods, args.soak) if args.soak > 0 else None
     path = common.write_results("app", args.out, device, argv, records, model=loaded.source,
                                 clients=args.clients, soak=soak, deterministic=args.deterministic,
                                 engine="in the server's process" if args.engine_in_process else "own process",
-                                client_processes=True)
+                                client_processes=True, interleaved=True)
     cols = ["method", "engine b=1 tok/s", "traced", "app 1 client", "ratio", "TTFT ms", "max gap ms",
             "shared Client: TTFT ms",
             f"engine b={args.clients}", f"app {args.clients} clients", "ratio", "page protocol", "ratio",
@@ -128,66 +132,106 @@ def _ratio(a, b):
     return a / b if a and b else None
 
 
-def engine_alone(args, loaded, prompts: list[str]) -> dict:
-    """tokens/s of the engine by itself, warmed up: one prompt streamed at batch 1 (first to last
-    token), and every prompt at once (the batch's tokens over its wall time, and `ttft_s`: from the
-    call to its first token); and one prompt at batch 1 recording a trace, as the app does ("1-trace")."""
-    from ..engine import Engine
-    from ..options import EngineOptions
-    from ..sampling import SamplingParams
-    from ..spec import SpecParams
-    from vegas_studio_app.load_clients import decode_rate
-    sampling = SamplingParams(max_tokens=args.max_tokens)
-    out = {m: {} for m in args.methods}
-    for trace in (False, True):
+class EngineAlone:
+    """The engine by itself, warmed up, on the benchmark's prompts and the app API's settings, with
+    the heap frozen as the app's worker freezes it once ready: `alone` streams one prompt at batch 1
+    (tokens/s from first to last token), `batch` generates every prompt at once (the batch's tokens
+    over its wall time; `ttft_s`: from the call to its first token; `steps`: the engine's steps).
+    `trace`: recording a trace, as the app does."""
+
+    def __init__(self, args, loaded, prompts: list[str], trace: bool = False):
+        from ..engine import Engine
+        from ..options import EngineOptions
+        from ..sampling import SamplingParams
+        self.args, self.prompts = args, prompts
+        self.sampling = SamplingParams(max_tokens=args.max_tokens)
         opts = EngineOptions(max_num_seqs=max(16, len(prompts)), kv_cache_bytes=4 << 30, trace=trace,
                              attention=args.attention, cuda_graphs="off" if args.eager else "auto",
                              deterministic=args.deterministic)
-        engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
-        for method in args.methods:
-            spec = SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
-            if not trace:
-                engine.generate(prompts, sampling, spec, chat=True)                   # warm-up, batch n
-            for _ in engine.stream(prompts[0], sampling, spec, chat=True):            # warm-up, batch 1
-                pass
+        self.engine = Engine(args.model, args.device, args.dtype, options=opts, loaded=loaded)
 
-            def alone():
-                stamps, counts = [], []
-                for ev in engine.stream(prompts[0], sampling, spec, chat=True):
-                    if ev.new_token_ids:
-                        stamps.append(time.perf_counter())
-                        counts.append(len(ev.new_token_ids))
-                return dict(tokens=sum(counts), tokens_per_s=decode_rate(counts, stamps))
+    def __enter__(self):
+        return self
 
-            def batch():
-                first = []        # when the first token came out: the start the app's clients also pay
+    def __exit__(self, *exc):
+        self.close()
 
-                def seen(events):
-                    if not first and any(ev.new_token_ids for ev in events):
-                        first.append(time.perf_counter())
-                t, t_wall = time.perf_counter(), time.time()
-                res = engine.generate(prompts, sampling, spec, chat=True, progress=seen)
-                wall = time.perf_counter() - t
-                total = sum(r.generated_tokens for r in res)
-                return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall,
-                            ttft_s=first[0] - t if first else None,
-                            steps=step_timeline(engine.core.recent_steps(), t_wall, t_wall + wall))
-
-            # With the heap frozen, as the app's worker runs once it is ready (and bench e2e measures).
-            with common.frozen_heap():
-                out[method]["1-trace" if trace else "1"] = median_run(alone, args.repeats)
-                if not trace:
-                    out[method]["n"] = median_run(batch, args.repeats)
-        del engine
+    def close(self) -> None:
+        del self.engine
         gc.collect()
-    return out
+        if self.args.device != "cpu":
+            import torch
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    @staticmethod
+    def spec(method: str):
+        from ..spec import SpecParams
+        return SpecParams(method=method, gamma=4, sparsity=0.07, min_budget=16)   # the app API's settings
+
+    def warm(self, method: str, batch: bool = True) -> None:
+        if batch:
+            self.engine.generate(self.prompts, self.sampling, self.spec(method), chat=True)
+        for _ in self.engine.stream(self.prompts[0], self.sampling, self.spec(method), chat=True):
+            pass
+
+    def alone(self, method: str) -> dict:
+        from vegas_studio_app.load_clients import decode_rate
+        stamps, counts = [], []
+        with common.frozen_heap():
+            for ev in self.engine.stream(self.prompts[0], self.sampling, self.spec(method), chat=True):
+                if ev.new_token_ids:
+                    stamps.append(time.perf_counter())
+                    counts.append(len(ev.new_token_ids))
+        return dict(tokens=sum(counts), tokens_per_s=decode_rate(counts, stamps))
+
+    def batch(self, method: str) -> dict:
+        first = []        # when the first token came out: the start the app's clients also pay
+
+        def seen(events):
+            if not first and any(ev.new_token_ids for ev in events):
+                first.append(time.perf_counter())
+        with common.frozen_heap():
+            t, t_wall = time.perf_counter(), time.time()
+            res = self.engine.generate(self.prompts, self.sampling, self.spec(method), chat=True, progress=seen)
+            wall = time.perf_counter() - t
+        total = sum(r.generated_tokens for r in res)
+        return dict(tokens=total, tokens_per_s=total / wall, wall_s=wall, ttft_s=first[0] - t if first else None,
+                    steps=step_timeline(self.engine.core.recent_steps(), t_wall, t_wall + wall))
+
+    def median_alone(self, method: str) -> dict:
+        """Warmed up, then `alone` measured `--repeats` times: the median run."""
+        self.warm(method, batch=False)
+        return _median([self.alone(method) for _ in range(max(1, self.args.repeats))])
+
+    def then_app(self, app: "AppServer", method: str, prompts: list[str]) -> dict:
+        """One round: the engine alone, then the app, at batch 1 and at batch n, and their ratios.
+        The app's processes and its clients are stopped while the engine alone runs: an idle Gradio
+        server still polls its queue (about a tenth of a core), which would slow the reference.
+        `app_idle_cpu_s`: what they took meanwhile (0 when stopped)."""
+        with app.stopped() as pids:
+            cpu0 = _cpu_s(pids)
+            e1, en = self.alone(method), self.batch(method)
+            idle_cpu = round(_cpu_s(pids) - cpu0, 3)
+        a1 = app.stream(prompts[0], method)
+        an, ap = app.together(prompts, method), app.together(prompts, method, page=True)
+        return dict(engine_1=e1, engine_n=en, app_1=a1, app_n=an, app_n_page=ap, app_idle_cpu_s=idle_cpu,
+                    ratio_1=_ratio(a1["tokens_per_s"], e1["tokens_per_s"]),
+                    ratio_n=_ratio(an["tokens_per_s"], en["tokens_per_s"]),
+                    ratio_n_page=_ratio(ap["tokens_per_s"], en["tokens_per_s"]))
 
 
-def median_run(measure, repeats: int) -> dict:
-    """`measure()` `repeats` times: the run with the median tokens/s, with every run's rate in
-    `runs_tokens_per_s` (one gradio_client stream's end can be late by its reader's 50 ms sleep)."""
-    runs = sorted((measure() for _ in range(max(1, repeats))), key=lambda r: r["tokens_per_s"] or 0)
+def _median(runs: list[dict]) -> dict:
+    """The run with the median tokens/s, with every run's rate in `runs_tokens_per_s` (one
+    gradio_client stream's end can be late by its reader's 50 ms sleep)."""
+    runs = sorted(runs, key=lambda r: r["tokens_per_s"] or 0)
     return dict(runs[len(runs) // 2], runs_tokens_per_s=[r["tokens_per_s"] for r in runs])
+
+
+def _median_of(values: list) -> float | None:
+    """The median of the values that are not None (the upper one of an even count, as `_median`)."""
+    values = sorted(v for v in values if v is not None)
+    return values[len(values) // 2] if values else None
 
 
 class AppServer:
@@ -235,6 +279,23 @@ class AppServer:
         self.clients = ClientProcesses(self.url, self.args.clients, self.args.max_tokens,
                                        stream_tokens_fn_index(self.url))
         return self
+
+    @contextlib.contextmanager
+    def stopped(self):
+        """The app's processes and the client processes stopped (SIGSTOP), continued on exit;
+        yields their pids."""
+        pids = _process_tree(self.proc.pid) + [p.pid for p in self.clients.procs]
+        _signal(pids, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 5
+            while not all(_state(p) in "Tt" for p in pids):     # stopped (or gone: "")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the app's processes did not stop: states "
+                                       f"{[(p, _state(p)) for p in pids]}")
+                time.sleep(0.01)
+            yield pids
+        finally:
+            _signal(pids, signal.SIGCONT)
 
     def new_client(self):
         from vegas_studio_app.load_clients import new_client
@@ -369,6 +430,23 @@ def _process_tree(pid: int) -> list[int]:
             pass
         i += 1
     return pids
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (T: stopped), or "" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:     # gone since listed: it takes no processor time either
+            pass
 
 
 def _rss_mb(pids: list[int]) -> float:

@@ -584,11 +584,11 @@ def test_profile_busy_time_is_the_union_of_kernel_intervals():
     assert _union_us([]) == 0
 
 
-def test_app_bench_reports_the_median_run():
-    from vegas_core.bench.app import median_run
-    runs = iter([dict(tokens_per_s=3.0), dict(tokens_per_s=1.0), dict(tokens_per_s=2.0)])
-    mid = median_run(lambda: next(runs), 3)
+def test_app_bench_reports_the_median_run_and_the_median_ratio():
+    from vegas_core.bench.app import _median, _median_of
+    mid = _median([dict(tokens_per_s=3.0), dict(tokens_per_s=1.0), dict(tokens_per_s=2.0)])
     assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
+    assert _median_of([0.8, None, 1.1, 0.9]) == 0.9 and _median_of([None]) is None
 
 
 def test_app_bench_step_timeline_keeps_the_window_in_ms_or_says_it_lost_the_start():
@@ -616,6 +616,35 @@ def test_app_bench_counts_a_process_s_processor_time():
     assert _cpu_s([2 ** 22 + 1]) == 0
 
 
+def test_app_bench_stops_the_app_while_the_engine_alone_runs():
+    """The engine alone's reference is measured with the app's processes and its clients stopped
+    (an idle Gradio server polls its queue), and they run on afterwards."""
+    import subprocess
+    import sys
+    import time
+    from types import SimpleNamespace
+
+    from vegas_core.bench.app import AppServer, _cpu_s
+    spin = [sys.executable, "-c", "while True: pass"]
+    server, client = subprocess.Popen(spin), subprocess.Popen(spin)
+    try:
+        app = AppServer.__new__(AppServer)
+        app.proc, app.clients = server, SimpleNamespace(procs=[client])
+        time.sleep(0.3)
+        with app.stopped() as pids:
+            assert pids == [server.pid, client.pid]
+            time.sleep(0.1)
+            before = _cpu_s(pids)
+            time.sleep(0.5)
+            assert _cpu_s(pids) - before < 0.05
+        before = _cpu_s(pids)
+        time.sleep(0.5)
+        assert _cpu_s([server.pid]) > 0 and _cpu_s(pids) - before > 0.3
+    finally:
+        server.kill()
+        client.kill()
+
+
 def test_app_bench_times_the_engine_alone_to_its_first_token(tiny_model):
     """The engine alone at batch n, the app's reference: its rate and when its first token came
     out (the start the app's clients pay too, so a shortfall can be placed at the start or after)."""
@@ -628,18 +657,24 @@ def test_app_bench_times_the_engine_alone_to_its_first_token(tiny_model):
     args = p.parse_args(["--model", tiny_model, "--device", "cpu", "--methods", "vanilla", "vegas",
                          "--clients", "2", "--max-tokens", "6", "--repeats", "1"])
     loaded = load_model(tiny_model)
-    rates = app.engine_alone(args, loaded, ["The first prompt", "A second, longer prompt to prefill"])
-    for method in ("vanilla", "vegas"):
-        n = rates[method]["n"]
-        assert n["tokens"] == 12 and n["tokens_per_s"] == pytest.approx(12 / n["wall_s"])
-        assert 0 < n["ttft_s"] < n["wall_s"]
-        # Its steps, in ms from the call: both prompts prefilled before the first decode, which
-        # gives each its first token; every token from a decode step.
-        kinds = [s[2] for s in n["steps"]]
-        assert kinds[0] == "prefill" and "prefill" not in kinds[kinds.index("decode"):]
-        assert sum(s[4] for s in n["steps"] if s[2] == "decode") == 12
-        assert all(0 <= s[0] <= s[1] <= 1e3 * n["wall_s"] for s in n["steps"])
-        assert rates[method]["1"]["tokens_per_s"] > 0 and rates[method]["1-trace"]["tokens_per_s"] > 0
+    prompts = ["The first prompt", "A second, longer prompt to prefill"]
+    with app.EngineAlone(args, loaded, prompts) as engine:
+        for method in ("vanilla", "vegas"):
+            engine.warm(method)
+            n = engine.batch(method)
+            assert n["tokens"] == 12 and n["tokens_per_s"] == pytest.approx(12 / n["wall_s"])
+            assert 0 < n["ttft_s"] < n["wall_s"]
+            # Its steps, in ms from the call: both prompts prefilled before the first decode, which
+            # gives each its first token; every token from a decode step.
+            kinds = [s[2] for s in n["steps"]]
+            assert kinds[0] == "prefill" and "prefill" not in kinds[kinds.index("decode"):]
+            assert sum(s[4] for s in n["steps"] if s[2] == "decode") == 12
+            assert all(0 <= s[0] <= s[1] <= 1e3 * n["wall_s"] for s in n["steps"])
+            assert engine.alone(method)["tokens_per_s"] > 0
+    traced = app.EngineAlone(args, loaded, prompts, trace=True)
+    assert traced.engine.core.options.trace
+    assert traced.median_alone("vegas")["tokens_per_s"] > 0
+    traced.close()
 
 
 def test_linear_names_each_projection_of_the_layer_and_needs_a_gpu(capsys, tiny_model):
