@@ -33,6 +33,7 @@ import gc
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -83,7 +84,7 @@ def run(args, argv: list[str]) -> str:
             app.together(prompts, method)                        # and at the batch sizes clients make
             # Each repeat measures the engine alone, then the app, back to back, and a ratio is the
             # median of the repeats' ratios: on a shared host the speed drifts over minutes.
-            rounds = [engine.then_app(app, method, prompts) for _ in range(max(1, args.repeats))]
+            rounds = [engine.then_app(app, method) for _ in range(max(1, args.repeats))]
             client = app.new_client()
             app.stream(prompts[0], method, client)
             shared = app.stream(prompts[0], method, client)      # right after another on one Client
@@ -204,7 +205,7 @@ class EngineAlone:
         self.warm(method, batch=False)
         return _median([self.alone(method) for _ in range(max(1, self.args.repeats))])
 
-    def then_app(self, app: "AppServer", method: str, prompts: list[str]) -> dict:
+    def then_app(self, app: "AppServer", method: str) -> dict:
         """One round: the engine alone, then the app, at batch 1 and at batch n, and their ratios.
         The app's processes and its clients are stopped while the engine alone runs: an idle Gradio
         server still polls its queue (about a tenth of a core), which would slow the reference.
@@ -213,8 +214,8 @@ class EngineAlone:
             cpu0 = _cpu_s(pids)
             e1, en = self.alone(method), self.batch(method)
             idle_cpu = round(_cpu_s(pids) - cpu0, 3)
-        a1 = app.stream(prompts[0], method)
-        an, ap = app.together(prompts, method), app.together(prompts, method, page=True)
+        a1 = app.stream(self.prompts[0], method)
+        an, ap = app.together(self.prompts, method), app.together(self.prompts, method, page=True)
         return dict(engine_1=e1, engine_n=en, app_1=a1, app_n=an, app_n_page=ap, app_idle_cpu_s=idle_cpu,
                     ratio_1=_ratio(a1["tokens_per_s"], e1["tokens_per_s"]),
                     ratio_n=_ratio(an["tokens_per_s"], en["tokens_per_s"]),
@@ -229,9 +230,9 @@ def _median(runs: list[dict]) -> dict:
 
 
 def _median_of(values: list) -> float | None:
-    """The median of the values that are not None (the upper one of an even count, as `_median`)."""
-    values = sorted(v for v in values if v is not None)
-    return values[len(values) // 2] if values else None
+    """The median of the values that are not None (of an even count, the mean of the middle two)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 class AppServer:
@@ -288,7 +289,7 @@ class AppServer:
         _signal(pids, signal.SIGSTOP)
         try:
             deadline = time.monotonic() + 5
-            while not all(_state(p) in "Tt" for p in pids):     # stopped (or gone: "")
+            while not all(_state(p) in "TtZX" for p in pids):   # stopped, or exited (zombie, gone: "")
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the app's processes did not stop: states "
                                        f"{[(p, _state(p)) for p in pids]}")

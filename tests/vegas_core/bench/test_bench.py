@@ -589,6 +589,7 @@ def test_app_bench_reports_the_median_run_and_the_median_ratio():
     mid = _median([dict(tokens_per_s=3.0), dict(tokens_per_s=1.0), dict(tokens_per_s=2.0)])
     assert mid["tokens_per_s"] == 2.0 and mid["runs_tokens_per_s"] == [1.0, 2.0, 3.0]
     assert _median_of([0.8, None, 1.1, 0.9]) == 0.9 and _median_of([None]) is None
+    assert _median_of([0.8, 1.2]) == pytest.approx(1.0)
 
 
 def test_app_bench_step_timeline_keeps_the_window_in_ms_or_says_it_lost_the_start():
