@@ -433,13 +433,20 @@ def _process_tree(pid: int) -> list[int]:
     return pids
 
 
-def _state(pid: int) -> str:
-    """The process's state letter from /proc (T: stopped), or "" once it is gone."""
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name (which may hold spaces), from the state
+    letter on (field 3 of stat); [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return ""
+            return f.read().rpartition(")")[2].split()
+    except OSError:
+        return []
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped), or "" once it is gone."""
+    fields = _stat(pid)
+    return fields[0] if fields else ""
 
 
 def _signal(pids: list[int], sig: int) -> None:
@@ -466,11 +473,10 @@ def _cpu_s(pids: list[int]) -> float:
     """Processor seconds (user and system) the processes `pids` have taken so far."""
     total = 0
     for p in pids:
+        fields = _stat(p)
         try:
-            with open(f"/proc/{p}/stat", encoding="ascii") as f:
-                fields = f.read().rpartition(")")[2].split()   # after the command name, which may hold spaces
             total += int(fields[11]) + int(fields[12])           # utime, stime: fields 14 and 15 of stat
-        except (OSError, IndexError, ValueError):
+        except (IndexError, ValueError):                          # gone
             pass
     return total / os.sysconf("SC_CLK_TCK")
 
