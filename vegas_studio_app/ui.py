@@ -13,6 +13,7 @@ import sys
 import gradio as gr
 
 from vegas_core.bench.sweep import MAX_BATCH as SWEEP_MAX_BATCH
+from vegas_core.engine import resolve_device
 from vegas_core.spec import GRANULARITIES, METHODS
 from vegas_studio_app.api import make_api
 from vegas_studio_app.engine_process import ProcessWorker
@@ -247,6 +248,25 @@ def quiet_queue_analytics() -> None:
     os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "1")
 
 
+# How often an idle Gradio queue looks for new requests when the engine runs on the CPU (Gradio: 1 ms).
+IDLE_POLL_CPU_S = 0.01
+
+
+def slow_idle_queue_poll(demo: gr.Blocks, engine_on_cpu: bool) -> None:
+    """Call after `demo.queue()`. A Gradio queue with nothing to start wakes every millisecond to look
+    (`Queue.sleep_when_free`, the whole time the app runs): a tenth of a core, which an engine on
+    the CPU's cores feels (6 % of its decode rate at batch 8 on two cores; bench/NOTES.md version 77).
+    There a request waits up to 10 ms more to start, against a prefill of hundreds of ms; on a GPU,
+    whose host has cores to spare, Gradio's 1 ms stays."""
+    if not engine_on_cpu:
+        return
+    queue = demo._queue
+    if not hasattr(queue, "sleep_when_free"):
+        print("Vegas Studio: this Gradio's queue has no sleep_when_free; it polls as Gradio sets it", flush=True)
+        return
+    queue.sleep_when_free = IDLE_POLL_CPU_S
+
+
 def skip_absent_matplotlib() -> None:
     """Gradio imports matplotlib twice around every call and every streamed message of an event (to
     switch its backend to agg for the call). Where matplotlib is not installed each failed import
@@ -305,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     skip_absent_matplotlib()
     demo = build_ui(studio, args.concurrency, args.model)
     demo.queue(max_size=args.queue_size, default_concurrency_limit=4)
+    slow_idle_queue_poll(demo, engine_on_cpu=not args.no_model and resolve_device(args.device).type == "cpu")
     demo.launch(server_name=args.host, server_port=args.port, max_file_size=MAX_UPLOAD_BYTES,
                 footer_links=["api"], css=CSS, theme=THEME, show_error=False, quiet=False,
                 enable_monitoring=False)

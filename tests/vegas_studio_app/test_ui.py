@@ -2,6 +2,8 @@
 process, no model, so Gradio's queue can be looked at)."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("gradio")
@@ -37,6 +39,25 @@ def test_the_queue_rebuilds_no_analytics_table_per_event(monkeypatch, quiet):
         queue = demo._queue
         assert (queue.cached_event_analytics_summary == {"functions": {}}) == quiet
         assert (len(queue.event_analytics) <= 1) == quiet
+
+
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_an_idle_queue_polls_every_10_ms_beside_a_cpu_engine(on_cpu):
+    """Gradio's idle queue wakes every millisecond; beside an engine on the CPU the app makes it
+    10 ms (a Gradio without the setting would fail here, not slow the engine unnoticed). The
+    page still answers at once; on a GPU Gradio's own interval stays."""
+    from gradio_client import Client
+
+    from vegas_studio_app.ui import IDLE_POLL_CPU_S, slow_idle_queue_poll
+    with no_model_page() as (demo, url):
+        default = demo._queue.sleep_when_free
+        slow_idle_queue_poll(demo, engine_on_cpu=on_cpu)
+        assert demo._queue.sleep_when_free == (IDLE_POLL_CPU_S if on_cpu else default)
+        client = Client(url, verbose=False)
+        for _ in range(3):
+            t = time.perf_counter()
+            assert client.predict(api_name="/pool")["state"] == "no-model"
+            assert time.perf_counter() - t < 2.0
 
 
 def test_a_setting_in_the_environment_wins(monkeypatch):
