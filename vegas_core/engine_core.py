@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .errors import InvalidRequestError
 from .kv_cache import KVPool, kv_pool_bytes, weights_bytes
 from .model_runner import BatchEntry, ModelRunner
-from .options import EngineOptions, with_measured_invariant
+from .options import EngineOptions, prefill_budget, with_measured_invariant
 from .overlap import Overlap
 from .random_streams import ACCEPT, DRAFT, stream_key, uniforms
 from .rejection import RejectionResult
@@ -85,7 +85,7 @@ class EngineCore:
         self.allocator = BlockAllocator(num_blocks, opts.block_size)
         graphs = self.runner.graphs is not None
         self.decode_steps = opts.multi_step if graphs else 1
-        self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, opts.max_prefill_tokens,
+        self.scheduler = Scheduler(self.allocator, opts.max_num_seqs, prefill_budget(opts, self.device.type),
                                    self.decode_steps)
         self.clock = DeviceClock(self.device)
         self.overlap = Overlap(self, enabled=opts.run_ahead and graphs)

@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,sweep,tune,profile,linear,sampling,app,invariant} [options]`.
+"""Benchmarks: `python -m vegas_core.bench {decode,acceptance,kernels,collect,agreement,e2e,sweep,tune,profile,linear,sampling,app,burst,invariant} [options]`.
 
 Each writes one JSON result file (`bench/results/<kind>-<date>-<device>.json` by default: the date,
 the device in words, the exact command, the torch version and the records) and prints a table.
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import (acceptance, agreement, app, collect, decode, e2e, invariant, kernels, linear, profile,
+from . import (acceptance, agreement, app, burst, collect, decode, e2e, invariant, kernels, linear, profile,
                sampling, sweep, tune)
 
 
@@ -23,6 +23,7 @@ BENCHMARKS = {
     "e2e": (e2e, "every method on one workload, side by side"),
     "sweep": (sweep, "vanilla, stream and vegas over batch x context, against the bandwidth bound"),
     "app": (app, "the app streaming through its API against the engine alone, 1 and N clients"),
+    "burst": (burst, "a burst of requests: first token and tokens/s per prefill budget and arrival spacing"),
     "tune": (tune, "three-step (gamma, sparsity) tuning per method"),
     "linear": (linear, "the fused projections' launch configurations at a model's shapes, against cuBLAS"),
     "sampling": (sampling, "the batched sampler: PyTorch against the Triton kernel, top-k before/after"),

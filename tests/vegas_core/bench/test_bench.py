@@ -702,3 +702,25 @@ def test_sampling_checks_both_top_k_paths_and_needs_a_gpu(capsys, monkeypatch):
     assert recs[0]["mean_candidates"] >= 20                      # top-k's: at least k a row
     assert main(["sampling", "--device", "cpu"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_burst_counts_the_prefill_steps_a_budget_makes_and_the_first_token(tiny_model, tmp_path):
+    """All at once, a budget that holds every prompt takes one prefill step and a small one several;
+    spaced arrivals add each request as it comes due, so its steps follow the arrivals. Every
+    request generates its tokens; the first token comes after the prefill, before the end."""
+    import json
+    assert main(["burst", "--model", tiny_model, "--device", "cpu", "--requests", "3", "--prompt-tokens", "40",
+                 "--max-tokens", "5", "--budgets", "32", "4096", "--gaps-ms", "0", "20", "--repeats", "1",
+                 "--out", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("burst-*.json")).read_text())
+    recs = {(r["budget"], r["gap_ms"]): r for r in doc["records"]}
+    assert set(recs) == {(32, 0.0), (32, 20.0), (4096, 0.0), (4096, 20.0)}
+    for r in recs.values():
+        assert r["tokens"] == 15 and r["tokens_per_s"] == pytest.approx(15 / (r["wall_ms"] / 1e3))
+        assert 0 < r["first_token_ms"] < r["wall_ms"]
+        assert sum(s[4] for s in r["steps"] if s[2] == "decode") == 15
+    assert recs[(4096, 0.0)]["prefill_steps"] == 1
+    assert recs[(32, 0.0)]["prefill_steps"] >= 3 * 2          # every prompt is over 32 tokens
+    # 20 ms apart, the later arrivals wait for a step already running (two may share the next)
+    assert recs[(4096, 20.0)]["prefill_steps"] >= 2
+    assert doc["requests"] == 3 and doc["prompt_tokens"] == 40
