@@ -32,30 +32,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def burst(engine, prompts: list[str], sampling, spec, gap_ms: float) -> dict:
     """One burst: prompts[i] added `i * gap_ms` after the first, between steps. Its tokens/s over
-    the wall time, ms to the first token out, and the steps ([start ms, end ms, kind, rows, tokens])."""
+    the wall time, ms to the first token out, its prefill steps and their median ms, and the steps
+    ([start ms, end ms, kind, rows, tokens], `app.step_timeline`)."""
     pending, reqs, first = list(prompts), [], None
     t0, t_wall = time.perf_counter(), time.time()
     due = t0
-    while pending or any(not r.finished for r in reqs):
-        now = time.perf_counter()
-        while pending and now >= due:
-            reqs.append(engine.add(pending.pop(0), sampling, spec, chat=True))
-            due += gap_ms / 1e3
-        if not engine.core.has_work:
-            time.sleep(max(0.0, due - now))
-            continue
-        events = engine.step()
-        if first is None and any(ev.new_token_ids for ev in events):
-            first = time.perf_counter() - t0
+    try:
+        while pending or any(not r.finished for r in reqs):
+            now = time.perf_counter()
+            while pending and now >= due:
+                reqs.append(engine.add(pending.pop(0), sampling, spec, chat=True))
+                due += gap_ms / 1e3
+            if not engine.core.has_work:
+                time.sleep(max(0.0, due - now))
+                continue
+            events = engine.step()
+            if first is None and any(ev.new_token_ids for ev in events):
+                first = time.perf_counter() - t0
+    finally:
+        for r in reqs:       # a finished request has given its pages back; one left early gives them now
+            if not r.finished:
+                engine.abort(r.request_id)
     wall = time.perf_counter() - t0
     tokens = sum(r.num_generated for r in reqs)
-    for r in reqs:
-        engine._release(r)
-    steps = step_timeline(engine.core.recent_steps(), t_wall, t_wall + wall) or []
-    prefills = [s[1] - s[0] for s in steps if s[2] == "prefill"]
+    # None where the engine's step log (its last STEP_LOG_STEPS) no longer reaches the burst's start
+    steps = step_timeline(engine.core.recent_steps(), t_wall, t_wall + wall)
+    prefills = None if steps is None else [s[1] - s[0] for s in steps if s[2] == "prefill"]
     return dict(tokens=tokens, tokens_per_s=tokens / wall, wall_ms=1e3 * wall, first_token_ms=1e3 * first,
-                prefill_steps=len(prefills), prefill_step_ms=statistics.median(prefills) if prefills else None,
-                steps=steps)
+                prefill_steps=None if prefills is None else len(prefills),
+                prefill_step_ms=statistics.median(prefills) if prefills else None, steps=steps)
 
 
 def run(args, argv: list[str]) -> str:
