@@ -10,8 +10,11 @@ the engine's steps, so a slow start shows where it went: how many prefill steps,
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import time
+
+import torch
 
 from . import common, texts
 from .app import INSTRUCTION, step_timeline
@@ -69,6 +72,9 @@ def run(args, argv: list[str]) -> str:
     from ..options import EngineOptions
     from ..sampling import SamplingParams
     from ..spec import SpecParams
+    from ..errors import InvalidRequestError
+    if args.requests < 1 or args.max_tokens < 1 or args.prompt_tokens < 1 or min(args.gaps_ms) < 0:
+        raise InvalidRequestError("--requests, --max-tokens and --prompt-tokens must be >= 1 and --gaps-ms >= 0")
     device = resolve_device(args.device)
     loaded = load_model(args.model)
     tok = loaded.tokenizer
@@ -90,7 +96,10 @@ def run(args, argv: list[str]) -> str:
                 records.append(dict(budget=budget, gap_ms=gap, **runs[len(runs) // 2],
                                     runs_first_token_ms=[r["first_token_ms"] for r in runs],
                                     runs_tokens_per_s=[r["tokens_per_s"] for r in runs]))
-        del engine
+        del engine                              # its KV pool goes before the next budget's
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     path = common.write_results("burst", args.out, device, argv, records, model=loaded.source,
                                 requests=args.requests, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens)
     common.print_table(f"a burst of {args.requests} requests: {common.device_description(device)}, "

@@ -724,3 +724,4 @@ def test_burst_counts_the_prefill_steps_a_budget_makes_and_the_first_token(tiny_
     # 20 ms apart, the later arrivals wait for a step already running (two may share the next)
     assert recs[(4096, 20.0)]["prefill_steps"] >= 2
     assert doc["requests"] == 3 and doc["prompt_tokens"] == 40
+    assert main(["burst", "--model", tiny_model, "--device", "cpu", "--requests", "0", "--out", str(tmp_path)]) == 2
