@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import os
 import signal
 import socket
@@ -43,6 +42,12 @@ import time
 from . import common, texts
 
 INSTRUCTION = "Summarise what the following source file provides:\n\n"
+
+
+def chat_prompts(tokenizer, n: int, prompt_tokens: int) -> list[str]:
+    """`n` different prompts: the instruction, then `prompt_tokens` tokens of real text each."""
+    return [INSTRUCTION + tokenizer.decode(texts.long_text(prompt_tokens, tokenizer, offset=i * prompt_tokens))
+            for i in range(n)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,8 +76,7 @@ def run(args, argv: list[str]) -> str:
     device = resolve_device(args.device)
     loaded = load_model(args.model)
     tok = loaded.tokenizer
-    prompts = [INSTRUCTION + tok.decode(texts.long_text(args.prompt_tokens, tok, offset=i * args.prompt_tokens))
-               for i in range(args.clients)]
+    prompts = chat_prompts(tok, args.clients, args.prompt_tokens)
     records = []
     traced = EngineAlone(args, loaded, prompts, trace=True)
     traced_1 = {m: traced.median_alone(m) for m in args.methods}
@@ -159,11 +163,7 @@ class EngineAlone:
 
     def close(self) -> None:
         del self.engine
-        gc.collect()
-        if self.args.device != "cpu":
-            import torch
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
+        common.free_device_memory()
 
     @staticmethod
     def spec(method: str):
@@ -208,8 +208,8 @@ class EngineAlone:
     def then_app(self, app: "AppServer", method: str) -> dict:
         """One round: the engine alone, then the app, at batch 1 and at batch n, and their ratios.
         The app's processes and its clients are stopped while the engine alone runs: an idle Gradio
-        server still polls its queue (about a tenth of a core), which would slow the reference.
-        `app_idle_cpu_s`: what they took meanwhile (0 when stopped)."""
+        server still polls its queue (every 1 ms on a GPU, 10 ms beside a CPU engine), which would
+        slow the reference. `app_idle_cpu_s`: what they took meanwhile (0 when stopped)."""
         with app.stopped() as pids:
             cpu0 = _cpu_s(pids)
             e1, en = self.alone(method), self.batch(method)

@@ -10,14 +10,11 @@ the engine's steps, so a slow start shows where it went: how many prefill steps,
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
 import time
 
-import torch
-
-from . import common, texts
-from .app import INSTRUCTION, step_timeline
+from . import common
+from .app import chat_prompts, step_timeline
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -77,9 +74,7 @@ def run(args, argv: list[str]) -> str:
         raise InvalidRequestError("--requests, --max-tokens and --prompt-tokens must be >= 1 and --gaps-ms >= 0")
     device = resolve_device(args.device)
     loaded = load_model(args.model)
-    tok = loaded.tokenizer
-    prompts = [INSTRUCTION + tok.decode(texts.long_text(args.prompt_tokens, tok, offset=i * args.prompt_tokens))
-               for i in range(args.requests)]
+    prompts = chat_prompts(loaded.tokenizer, args.requests, args.prompt_tokens)
     sampling, spec = SamplingParams(max_tokens=args.max_tokens), SpecParams(method="vanilla")
     records = []
     for budget in args.budgets:
@@ -97,9 +92,7 @@ def run(args, argv: list[str]) -> str:
                                     runs_first_token_ms=[r["first_token_ms"] for r in runs],
                                     runs_tokens_per_s=[r["tokens_per_s"] for r in runs]))
         del engine                              # its KV pool goes before the next budget's
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        common.free_device_memory()
     path = common.write_results("burst", args.out, device, argv, records, model=loaded.source,
                                 requests=args.requests, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens)
     common.print_table(f"a burst of {args.requests} requests: {common.device_description(device)}, "

@@ -154,6 +154,14 @@ def copy_bandwidth(device: torch.device) -> float:
     return tbps
 
 
+def free_device_memory() -> None:
+    """After an engine is dropped: its pool and graphs go (collected, then the GPU's cache emptied)
+    before the next one is built."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

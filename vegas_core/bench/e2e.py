@@ -536,7 +536,7 @@ def run(args, argv: list[str]) -> str:
                     complete=len(records) == len(modes) * len(args.sampling) * len(methods))
         device = engine.device
         del engine, parents, traced
-        _free_device_memory()
+        common.free_device_memory()
     compiles.uninstall()
     bar.close()
     print_table(records, header, bound, device)
@@ -592,14 +592,6 @@ def _record(mode, sampling_name, method, gran, spec, tuned, args, workload, stat
         graph_warmup_steps=stats.warmup_steps, phase_steps=stats.phase_steps,
         generated_tokens=stats.generated_tokens, chains=stats.chains, step_ms=stats.step_ms,
         host_gc=stats.gc, page_adjacency=stats.page_adjacency)
-
-
-def _free_device_memory() -> None:
-    """Between modes: the engine's pool and graphs go before the next engine is built."""
-    gc.collect()
-    import torch
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def trace_cost(untraced: tuple, traced: tuple, workload: Workload, sampling, spec, first: RunStats,
